@@ -1,0 +1,62 @@
+/* tkv_policy.h - the admission + eviction policy interface, one instance per tier.
+ *
+ * The tier manager embeds one tkv_policy_entry per (block, tier) in its index entries and
+ * keeps the structural fields up to date; the policy owns the rest. All calls for one tier
+ * are made under that tier's lock, so a policy needs no locking of its own.
+ *
+ * Contract a policy must keep (tests/storage/test_policy.c checks every registered one):
+ *   - victim() never returns an entry with pinned != 0;
+ *   - victim() prefers entries with num_children == 0 (chain tails): an entry whose children
+ *     are cached in this tier is returned only if no unpinned tail exists;
+ *   - it never asks for more than `capacity` entries: the manager evicts until it fits.
+ */
+#ifndef TKV_POLICY_H
+#define TKV_POLICY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tkv_policy_entry {
+    /* ---- maintained by the tier manager (read-only for the policy) ---- */
+    struct tkv_policy_entry *parent; /* previous block of the chain in this tier, or NULL */
+    uint32_t depth;                  /* index of the block in its chain (0 = first block) */
+    uint32_t num_children;           /* cached children of this block in this tier */
+    uint32_t pinned;                 /* leases holding it; never evict while nonzero */
+    uint32_t flags;                  /* reserved for the manager */
+    /* ---- owned by the policy ---- */
+    struct tkv_policy_entry *prev, *next;
+    uint64_t p_u64[3];
+    double p_score;
+} tkv_policy_entry;
+
+typedef struct tkv_policy_ops {
+    const char *name;
+    /* capacity in entries (blocks) of this tier. Returns state or NULL on bad config. */
+    void *(*create)(uint64_t capacity);
+    void (*destroy)(void *state);
+    /* May this new block enter the tier? (false = it is not cached at this tier). */
+    bool (*admit)(void *state, const tkv_policy_entry *e, uint64_t now_ns);
+    void (*inserted)(void *state, tkv_policy_entry *e, uint64_t now_ns);
+    void (*accessed)(void *state, tkv_policy_entry *e, uint64_t now_ns); /* hit by a lookup */
+    void (*removed)(void *state, tkv_policy_entry *e);                  /* left the tier */
+    /* Pinned / structural changes, so a policy can keep its candidate set exact. */
+    void (*changed)(void *state, tkv_policy_entry *e);
+    /* Next block to evict (see the contract above); NULL if every entry is pinned. */
+    tkv_policy_entry *(*victim)(void *state);
+} tkv_policy_ops;
+
+/* Registered policies by name ("lru", "tierkv"); NULL if unknown. */
+const tkv_policy_ops *tkv_policy_find(const char *name);
+/* NULL-terminated list of registered policies (for --help and tests). */
+const tkv_policy_ops *const *tkv_policy_all(void);
+
+extern const tkv_policy_ops tkv_policy_lru;
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,175 @@
+/* tkv_store.h - the cache engine: index + host pool (L2) + local store (L3) + policy,
+ * driven by the tier manager. No network; the daemon and the benchmarks link it.
+ *
+ * Blocks are opaque byte strings of block_bytes each, named by chained keys (tkv_keys.h)
+ * that the caller derived from tokens. Block states: WRITING -> READY -> (EVICTING) -> gone;
+ * only READY blocks are visible to lookups. Every block carries a checksum that is checked
+ * whenever it crosses a tier: a mismatch drops the block and counts it.
+ *
+ * Leases pin the blocks a lookup returned (no tier may evict them) until released, until
+ * their time-to-live passes, or until their owner is released (client disconnect).
+ *
+ * Thread safety: every function may be called concurrently from any number of threads on one
+ * tkv_store (the locking is documented in storage/store.c and docs/design.md). Callbacks run
+ * on the store's worker threads and must not block for long.
+ */
+#ifndef TKV_STORE_H
+#define TKV_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tkv_keys.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tkv_store tkv_store;
+typedef struct tkv_store_opts tkv_store_opts;
+
+enum { TKV_TIER_NONE = 0, TKV_TIER_L1 = 1, TKV_TIER_L2 = 2, TKV_TIER_L3 = 3 };
+#define TKV_NUM_TIERS 4
+#define TKV_NO_OFFSET UINT64_MAX
+
+/* ---- options ---------------------------------------------------------------------------- */
+tkv_store_opts *tkv_store_opts_new(void);
+void tkv_store_opts_free(tkv_store_opts *o);
+/* Required: the size of one block and the tokens it holds. */
+int tkv_store_opts_set_block(tkv_store_opts *o, size_t block_bytes, uint32_t block_tokens);
+/* Required: model+geometry fingerprint (stored in and checked against L3). */
+int tkv_store_opts_set_fingerprint(tkv_store_opts *o, const uint8_t fp[TKV_KEY_BYTES]);
+int tkv_store_opts_set_l2_blocks(tkv_store_opts *o, uint64_t num_blocks);   /* default 1024 */
+/* L3 in dir (created if missing); dir NULL disables L3. capacity 0 = unlimited. */
+int tkv_store_opts_set_l3(tkv_store_opts *o, const char *dir, uint64_t capacity_bytes);
+int tkv_store_opts_set_l3_zstd_level(tkv_store_opts *o, int level);        /* default 1 */
+int tkv_store_opts_set_l3_io_mode(tkv_store_opts *o, int mode);            /* TKV_IO_* */
+int tkv_store_opts_set_write_through(tkv_store_opts *o, bool on);          /* default true */
+int tkv_store_opts_set_policy(tkv_store_opts *o, const char *name);        /* default "tierkv" */
+int tkv_store_opts_set_workers(tkv_store_opts *o, unsigned n);             /* default 4 */
+int tkv_store_opts_set_lease_ttl_ms(tkv_store_opts *o, uint32_t dflt, uint32_t max);
+
+/* Opens the engine: creates the L2 memfd pool, opens L3 and loads its index (blocks found
+ * there are READY in L3). TKV_EGEOMETRY when L3 holds another fingerprint. */
+int tkv_store_open(const tkv_store_opts *o, tkv_store **out);
+/* Stops accepting work, finishes queued write-backs and promotions, closes L3, frees all.
+ * Outstanding leases are dropped. NULL is ignored. */
+void tkv_store_close(tkv_store *s);
+
+/* ---- the L2 pool, for the attach socket --------------------------------------------------- */
+int tkv_store_l2_fd(const tkv_store *s);            /* the memfd; owned by the store */
+uint64_t tkv_store_l2_bytes(const tkv_store *s);    /* its mapped length */
+size_t tkv_store_block_bytes(const tkv_store *s);
+uint32_t tkv_store_block_tokens(const tkv_store *s);
+/* Direct pointer to L2 slot memory at offset (valid while the block is pinned). */
+void *tkv_store_l2_ptr(tkv_store *s, uint64_t offset);
+
+/* ---- lookup and leases ---------------------------------------------------------------------- */
+typedef struct tkv_block_loc {
+    uint8_t tier;           /* fastest tier holding the block (TKV_TIER_*) */
+    uint8_t in_l2, in_l3;   /* residency flags */
+    uint64_t l2_offset;     /* byte offset of the slot in the L2 pool, or TKV_NO_OFFSET */
+} tkv_block_loc;
+
+/* Longest prefix of READY blocks among keys[0..num_keys). When num_hit > 0 the hit blocks are
+ * pinned by a new lease owned by `owner` (an id the caller chose, e.g. per client connection)
+ * for ttl_ms (0 = default; clamped to max); its id goes to *lease_id (0 when nothing hit).
+ * locs (num_keys entries, may be NULL) receives the hit blocks' locations. */
+int tkv_store_lookup(tkv_store *s, const tkv_key *keys, size_t num_keys, uint64_t owner,
+                     uint32_t ttl_ms, uint64_t *lease_id, size_t *num_hit, tkv_block_loc *locs);
+
+/* Current locations of a lease's blocks (they change as prefetches complete). */
+int tkv_store_lease_locs(tkv_store *s, uint64_t lease_id, tkv_block_loc *locs, size_t cap,
+                         size_t *num_blocks);
+/* Extends a lease's time-to-live. TKV_ENOTFOUND / TKV_EXPIRED. */
+int tkv_store_lease_touch(tkv_store *s, uint64_t lease_id, uint32_t ttl_ms);
+int tkv_store_lease_release(tkv_store *s, uint64_t lease_id);
+/* Releases every lease and allocation of an owner (client gone). Returns how many. */
+size_t tkv_store_release_owner(tkv_store *s, uint64_t owner);
+
+/* ---- prefetch: asynchronous promotion to a faster tier -------------------------------------- */
+typedef void (*tkv_done_fn)(void *arg, uint64_t ticket, int status);
+/* Promotes the lease's blocks to `tier` (TKV_TIER_L2; L1 where a GPU tier is attached).
+ * Returns at once with a ticket; done (may be NULL) runs on a worker thread when every block
+ * has arrived or failed. A block that fails its checksum is dropped and reported (status
+ * TKV_ECHECKSUM) and is not shown as present. */
+int tkv_store_prefetch(tkv_store *s, uint64_t lease_id, int tier, tkv_done_fn done, void *arg,
+                       uint64_t *ticket);
+/* Waits for a ticket; *status gets its result. timeout_ms < 0 waits forever. TKV_ETIMEDOUT. */
+int tkv_store_wait(tkv_store *s, uint64_t ticket, int timeout_ms, int *status);
+
+/* ---- by-value data path -------------------------------------------------------------------- */
+/* Copies block `index` of a lease (0-based within the lease) into dst (cap >= block_bytes),
+ * from L2 or, if only in L3, by reading it (checksum verified). */
+int tkv_store_get(tkv_store *s, uint64_t lease_id, uint32_t index, void *dst, size_t cap);
+
+/* Stores num_blocks blocks: keys[i] with parent keys[i-1] (parent for i = 0: *parent, or the
+ * chain root when parent is NULL), tokens block_tokens per block, payloads[i] block_bytes
+ * each. Blocks already present are skipped (duplicates dropped). Admission is the policy's
+ * call. *num_stored (may be NULL) counts the blocks newly made READY. */
+int tkv_store_put(tkv_store *s, const tkv_key *parent, const tkv_key *keys,
+                  const uint32_t *tokens, const void *const *payloads, size_t num_blocks,
+                  size_t *num_stored);
+
+/* ---- zero-copy write path: alloc -> write slots -> commit ---------------------------------- */
+/* Reserves n L2 slots in state WRITING for owner; *alloc_id names them; offsets[n] gets their
+ * byte offsets in the L2 pool. TKV_EFULL if n slots cannot be freed. */
+int tkv_store_alloc(tkv_store *s, size_t n, uint64_t owner, uint64_t *alloc_id,
+                    uint64_t *offsets);
+/* Writes src (block_bytes) into slot `index` of an allocation (for clients that cannot write
+ * the pool themselves). */
+int tkv_store_alloc_write(tkv_store *s, uint64_t alloc_id, uint32_t index, const void *src);
+/* Publishes the first n slots of an allocation under keys (chain as in tkv_store_put); the
+ * rest of the allocation and slots whose key already exists are freed. The allocation ends. */
+int tkv_store_commit(tkv_store *s, uint64_t alloc_id, const tkv_key *parent,
+                     const tkv_key *keys, const uint32_t *tokens, size_t n, size_t *num_stored);
+int tkv_store_abort(tkv_store *s, uint64_t alloc_id);
+
+/* ---- operations ----------------------------------------------------------------------------- */
+/* Moves the named blocks (or all when keys == NULL) out of `tier` (down to the next tier
+ * when write-back allows, else dropped). Pinned blocks are skipped and counted. */
+int tkv_store_evict(tkv_store *s, int tier, const tkv_key *keys, size_t num_keys,
+                    size_t *num_evicted, size_t *num_pinned);
+/* Waits until every READY block is durable in L3 (no-op without L3). */
+int tkv_store_flush(tkv_store *s);
+/* Checks every L3 block's checksum (dropping bad ones) and every L2 block's. */
+int tkv_store_verify(tkv_store *s, void (*progress)(void *arg, uint64_t done, uint64_t total),
+                     void *arg, uint64_t *num_checked, uint64_t *num_bad);
+
+typedef struct tkv_block_info {
+    tkv_key key;
+    tkv_key parent;
+    uint32_t depth;       /* position in its chain (0 = first block); best known */
+    uint8_t state;        /* TKV_BLOCK_* */
+    uint8_t in_l2, in_l3;
+    uint32_t pins;
+    uint64_t hits;
+    uint64_t last_access_ms;
+} tkv_block_info;
+enum { TKV_BLOCK_WRITING = 1, TKV_BLOCK_READY = 2, TKV_BLOCK_EVICTING = 3 };
+
+/* Calls cb for each block (snapshot under the lock, callback outside it); stops when cb
+ * returns nonzero. */
+int tkv_store_list(tkv_store *s, int (*cb)(void *arg, const tkv_block_info *b), void *arg);
+
+typedef struct tkv_store_stats {
+    uint64_t lookups, lookup_keys, hit_blocks, miss_blocks;
+    uint64_t hit_blocks_tier[TKV_NUM_TIERS];
+    uint64_t puts, put_blocks, put_dup_blocks, put_rejected_blocks;
+    uint64_t gets, get_bytes;
+    uint64_t blocks_tier[TKV_NUM_TIERS], bytes_tier[TKV_NUM_TIERS];
+    uint64_t capacity_blocks_tier[TKV_NUM_TIERS];
+    uint64_t promotions, promotion_bytes, demotions, demotion_bytes;
+    uint64_t evictions, checksum_failures, io_errors;
+    uint64_t leases_active, leases_expired, allocs_active;
+    uint64_t writeback_queue;
+    int l3_readonly, l3_io_mode;
+} tkv_store_stats;
+
+void tkv_store_get_stats(tkv_store *s, tkv_store_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
