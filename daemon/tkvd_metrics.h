@@ -1,0 +1,34 @@
+/* tkvd_metrics.h - the daemon's own counters (beyond tkv_store_stats), shared between the
+ * gRPC side (which updates them) and the HTTP side (which renders /metrics, /api/stats and
+ * the dashboard). Lock-free: every field is updated with relaxed atomics from any thread.
+ */
+#ifndef TKVD_METRICS_H
+#define TKVD_METRICS_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+/* Lookup latency histogram: bucket i counts lookups that took <= tkvd_latency_bounds_us[i]
+ * (the last bucket is +Inf). Fixed bounds, so percentiles are exact to a bucket. */
+#define TKVD_LAT_BUCKETS 16
+extern const double tkvd_latency_bounds_us[TKVD_LAT_BUCKETS]; /* last = INFINITY */
+
+typedef struct tkvd_metrics {
+    _Atomic uint64_t rpc_total;          /* RPCs answered */
+    _Atomic uint64_t rpc_errors;         /* RPCs answered with a non-OK status */
+    _Atomic uint64_t lookups;            /* Lookup RPCs */
+    _Atomic uint64_t lookup_hit_tokens;  /* tokens covered by hit blocks */
+    _Atomic uint64_t lookup_query_tokens;/* tokens in full blocks asked about */
+    _Atomic uint64_t lat_bucket[TKVD_LAT_BUCKETS];
+    _Atomic uint64_t lat_sum_ns;
+    _Atomic uint64_t clients_connected;  /* attach-socket connections now open */
+    _Atomic uint64_t clients_total;
+    uint64_t start_ms;                   /* wall clock at start (set once) */
+} tkvd_metrics;
+
+void tkvd_metrics_init(tkvd_metrics *m);
+void tkvd_metrics_observe_lookup(tkvd_metrics *m, uint64_t elapsed_ns);
+/* Percentile (0..1) of lookup latency in microseconds, interpolated inside the bucket. */
+double tkvd_metrics_lookup_quantile_us(const tkvd_metrics *m, double q);
+
+#endif
