@@ -1,0 +1,40 @@
+/* tkv_attach.h - the attach-socket protocol (data plane set-up), shared by tierkvd and
+ * libkvclient. Not protobuf: it is a local, fixed-layout handshake on a UNIX socket.
+ *
+ * Socket: SOCK_SEQPACKET at the daemon's attach path (default <run_dir>/attach.sock).
+ *   1. client -> daemon: tkv_attach_hello.
+ *   2. daemon -> client: tkv_attach_reply, with SCM_RIGHTS carrying the L2 pool's memfd when
+ *      status == 0. The client maps it PROT_READ, MAP_SHARED (the daemon seals it against
+ *      growing/shrinking); block bytes live at the l2_offset values Lookup returns.
+ *   3. The connection stays open and silent. When it closes (client exit, crash, SIGKILL),
+ *      the daemon releases every lease and allocation made with this client_id.
+ * Fields are host-endian: both ends are on the same host.
+ */
+#ifndef TKV_ATTACH_H
+#define TKV_ATTACH_H
+
+#include <stdint.h>
+
+#define TKV_ATTACH_MAGIC 0x41564b54u /* "TKVA" */
+#define TKV_ATTACH_VERSION 1u
+
+typedef struct tkv_attach_hello {
+    uint32_t magic;
+    uint32_t version;
+    uint8_t fingerprint[32]; /* the client's geometry fingerprint */
+    uint32_t flags;          /* reserved, 0 */
+    uint32_t pid;            /* informational */
+} tkv_attach_hello;
+
+typedef struct tkv_attach_reply {
+    uint32_t magic;
+    int32_t status;          /* 0, or a negative TKV_* code (tkv_base.h) */
+    uint64_t client_id;      /* pass as BlockScope.client_id */
+    uint64_t l2_bytes;       /* length to map */
+    uint64_t block_bytes;
+    uint32_t block_tokens;
+    uint32_t flags;          /* bit 0: an L1 (GPU) pool exists (see the GPU-tier extension) */
+    char message[128];       /* reason when status != 0 */
+} tkv_attach_reply;
+
+#endif
