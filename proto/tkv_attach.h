@@ -37,4 +37,21 @@ typedef struct tkv_attach_reply {
     char message[128];       /* reason when status != 0 */
 } tkv_attach_reply;
 
+/* GPU-tier extension: when the reply's flags has TKV_ATTACH_F_L1, a second message follows
+ * on the same socket (no descriptors): the CUDA IPC handles of the L1 pool. The pool is
+ * num_chunks allocations of chunk_bytes each (2 MiB multiples); an L1 byte offset `off` (as
+ * Lookup/Alloc return) lives in chunk off / chunk_bytes at off % chunk_bytes. A client opens
+ * each handle with cudaIpcOpenMemHandle on the device whose PCI bus id matches. */
+#define TKV_ATTACH_F_L1 1u
+#define TKV_ATTACH_MAX_CHUNKS 64
+
+typedef struct tkv_attach_gpu {
+    uint32_t magic;          /* TKV_ATTACH_MAGIC */
+    uint32_t num_chunks;     /* 1..TKV_ATTACH_MAX_CHUNKS */
+    uint64_t chunk_bytes;
+    uint64_t l1_bytes;       /* num_chunks * chunk_bytes */
+    char pci_bus_id[32];     /* of the daemon's device, "0000:00:00.0" form */
+    uint8_t handles[TKV_ATTACH_MAX_CHUNKS][64]; /* cudaIpcMemHandle_t, opaque */
+} tkv_attach_gpu;
+
 #endif

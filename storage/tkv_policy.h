@@ -55,6 +55,7 @@ const tkv_policy_ops *tkv_policy_find(const char *name);
 const tkv_policy_ops *const *tkv_policy_all(void);
 
 extern const tkv_policy_ops tkv_policy_lru;
+extern const tkv_policy_ops tkv_policy_tierkv; /* prefix-aware; storage/policy_tierkv.c */
 
 #ifdef __cplusplus
 }

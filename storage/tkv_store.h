@@ -50,6 +50,25 @@ int tkv_store_opts_set_policy(tkv_store_opts *o, const char *name);        /* de
 int tkv_store_opts_set_workers(tkv_store_opts *o, unsigned n);             /* default 4 */
 int tkv_store_opts_set_lease_ttl_ms(tkv_store_opts *o, uint32_t dflt, uint32_t max);
 
+/* ---- the GPU tier (L1) ------------------------------------------------------------------
+ * The store keeps L1's slot accounting, leases, states and policy like any tier; the bytes
+ * live in device memory that only a backend can touch. The daemon's backend is tkvd_gpu
+ * (CUDA); tests use a host-memory one. Ops are called on store worker threads, never under
+ * the store's locks, possibly concurrently. */
+typedef struct tkv_l1_ops {
+    /* Byte offset of L1 slot `slot` as clients address it (after mapping the pool). */
+    uint64_t (*offset)(void *ctx, uint64_t slot);
+    /* L2 -> L1: copies n blocks from L2 pool byte offsets into L1 slots; returns when done.
+     * TKV_OK or TKV_EIO. */
+    int (*promote)(void *ctx, const uint64_t *l1_slots, const uint64_t *l2_offsets, size_t n);
+    /* L1 -> L2: the reverse. */
+    int (*demote)(void *ctx, const uint64_t *l2_offsets, const uint64_t *l1_slots, size_t n);
+} tkv_l1_ops;
+
+/* Attaches an L1 tier of num_blocks slots served by ops/ctx (both must outlive the store). */
+int tkv_store_opts_set_l1(tkv_store_opts *o, uint64_t num_blocks, const tkv_l1_ops *ops,
+                          void *ctx);
+
 /* Opens the engine: creates the L2 memfd pool, opens L3 and loads its index (blocks found
  * there are READY in L3). TKV_EGEOMETRY when L3 holds another fingerprint. */
 int tkv_store_open(const tkv_store_opts *o, tkv_store **out);
@@ -93,7 +112,8 @@ typedef void (*tkv_done_fn)(void *arg, uint64_t ticket, int status);
 /* Promotes the lease's blocks to `tier` (TKV_TIER_L2; L1 where a GPU tier is attached).
  * Returns at once with a ticket; done (may be NULL) runs on a worker thread when every block
  * has arrived or failed. A block that fails its checksum is dropped and reported (status
- * TKV_ECHECKSUM) and is not shown as present. */
+ * TKV_ECHECKSUM) and is not shown as present. done returns before the ticket completes, so
+ * once tkv_store_wait() has answered, done is finished with arg. */
 int tkv_store_prefetch(tkv_store *s, uint64_t lease_id, int tier, tkv_done_fn done, void *arg,
                        uint64_t *ticket);
 /* Waits for a ticket; *status gets its result. timeout_ms < 0 waits forever. TKV_ETIMEDOUT. */

@@ -1,0 +1,429 @@
+/* decode_bench.cu - dynamic-split vs static split-KV decode attention (kernels/decode.cu) on
+ * the paged FP8 pool, timed by the anchor's method, with the HBM copy rate of the same run.
+ *
+ * Shapes (issue 5): head dim 128, 64 tokens per page, FP8 KV with per-tensor scales, FP8 Q
+ * with per-token-per-head scales; Hq/Hkv = 8/1 and 64/8; query length 1 and 4; the KV-length
+ * cases below. Inputs are random (never zeros) and the same for dynamic and static.
+ *
+ * Method: one attention call (attention + combine; the plan computed before) captured in a
+ * CUDA graph; 5 warm-up replays; 50 replays, each between its own pair of CUDA events; the
+ * median. Again with L2 flushed (a 256 MiB memset between replays, outside the events). The
+ * plan alone and plan + attention + combine are timed the same way. hbm_fraction = KV bytes /
+ * dynamic time / copy rate, where the copy rate is a 1 GiB device-to-device cudaMemcpy
+ * (bytes read + written) measured in the same run.
+ *
+ * Usage: decode_bench [--json] [--peer FILE] [--quick]
+ *   --json   print a JSON list of result objects on stdout (the table goes to stderr)
+ *   --peer   FILE: JSON from bench/flashinfer_decode.py; its flashinfer_us joins the rows
+ *   --quick  fewer replays (smoke runs)
+ * Exit 77 when no GPU is present.
+ */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "tkv_kernels.h"
+
+#define CK(call)                                                                                 \
+    do {                                                                                         \
+        cudaError_t e_ = (call);                                                                 \
+        if (e_ != cudaSuccess) {                                                                 \
+            fprintf(stderr, "decode_bench: %s:%d %s: %s\n", __FILE__, __LINE__, #call,            \
+                    cudaGetErrorString(e_));                                                     \
+            exit(1);                                                                             \
+        }                                                                                        \
+    } while (0)
+#define TK(call)                                                                                 \
+    do {                                                                                         \
+        int r_ = (call);                                                                         \
+        if (r_ != TKVK_OK) {                                                                     \
+            fprintf(stderr, "decode_bench: %s:%d %s: %s (%s)\n", __FILE__, __LINE__, #call,       \
+                    tkvk_strerror(r_), tkvk_last_error());                                       \
+            exit(1);                                                                             \
+        }                                                                                        \
+    } while (0)
+
+struct Part {
+    int count, len;
+};
+struct BenchCase {
+    const char *name;
+    std::vector<Part> parts;
+    /* the anchor's dynamic time (us), 8/1 and 64/8 heads, query length 1 */
+    double anchor_81, anchor_648;
+};
+
+static const BenchCase kCases[] = {
+    {"64x512", {{64, 512}}, 18.3, 28.4},
+    {"64x4096", {{64, 4096}}, 30.0, 139.9},
+    {"32x128+32x4096", {{32, 128}, {32, 4096}}, 18.6, 90.6},
+    {"15x64+1x16384", {{15, 64}, {1, 16384}}, 17.8, 25.6},
+    {"1x65536+7x4096", {{1, 65536}, {7, 4096}}, 20.0, 59.5},
+    {"1x65536+15x4096", {{1, 65536}, {15, 4096}}, 20.2, 77.1},
+    {"1x65536+31x4096", {{1, 65536}, {31, 4096}}, 27.4, 106.3},
+    {"1x131072+31x4096", {{1, 131072}, {31, 4096}}, 29.6, 144.0},
+    {"2x32768+30x4096", {{2, 32768}, {30, 4096}}, 26.6, 104.5},
+};
+
+static uint64_t g_rng = 0x1234567u;
+static uint32_t rnd32(void)
+{
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (uint32_t)g_rng;
+}
+
+static int g_reps = 50, g_warm = 5;
+static void *g_flush;
+static const size_t kFlushBytes = (size_t)256 << 20;
+
+/* Median of g_reps replays of exec, each between its own events; flush: L2 wiped between. */
+static double time_graph(cudaGraphExec_t exec, cudaStream_t s, bool flush)
+{
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    for (int i = 0; i < g_warm; i++)
+        CK(cudaGraphLaunch(exec, s));
+    std::vector<float> ms(g_reps);
+    for (int i = 0; i < g_reps; i++) {
+        if (flush)
+            CK(cudaMemsetAsync(g_flush, i & 0xff, kFlushBytes, s));
+        CK(cudaEventRecord(a, s));
+        CK(cudaGraphLaunch(exec, s));
+        CK(cudaEventRecord(b, s));
+        CK(cudaEventSynchronize(b));
+        CK(cudaEventElapsedTime(&ms[i], a, b));
+    }
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    std::sort(ms.begin(), ms.end());
+    return 1000.0 * ms[g_reps / 2];
+}
+
+/* Bytes read + written per second by a large device-to-device copy. */
+static double copy_rate(cudaStream_t s)
+{
+    size_t n = (size_t)1 << 30;
+    void *x, *y;
+    CK(cudaMalloc(&x, n));
+    CK(cudaMalloc(&y, n));
+    CK(cudaMemset(x, 1, n));
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    std::vector<float> ms(10);
+    for (int i = 0; i < 13; i++) {
+        CK(cudaEventRecord(a, s));
+        CK(cudaMemcpyAsync(y, x, n, cudaMemcpyDeviceToDevice, s));
+        CK(cudaEventRecord(b, s));
+        CK(cudaEventSynchronize(b));
+        if (i >= 3)
+            CK(cudaEventElapsedTime(&ms[i - 3], a, b));
+    }
+    std::sort(ms.begin(), ms.end());
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    CK(cudaFree(x));
+    CK(cudaFree(y));
+    return 2.0 * (double)n / (ms[5] * 1e-3);
+}
+
+struct Row {
+    std::string name;
+    int hq, hkv, q_len;
+    double kv_bytes, dyn, stat, dyn_flushed, stat_flushed, plan, step, hbm_fraction, anchor;
+    double max_diff;
+    int splits;
+    double peer; /* < 0: none */
+};
+
+/* peer JSON: a list of {"case":..., "hq":..., "hkv":..., "q_len":..., "flashinfer_us": x} */
+static double peer_lookup(const std::string &json, const Row &r)
+{
+    if (json.empty())
+        return -1;
+    char key[256];
+    snprintf(key, sizeof key, "\"case\": \"%s\", \"hq\": %d, \"hkv\": %d, \"q_len\": %d",
+             r.name.c_str(), r.hq, r.hkv, r.q_len);
+    size_t at = json.find(key);
+    if (at == std::string::npos)
+        return -1;
+    size_t f = json.find("\"flashinfer_us\":", at);
+    size_t end = json.find('}', at);
+    if (f == std::string::npos || f > end)
+        return -1;
+    const char *v = json.c_str() + f + strlen("\"flashinfer_us\":");
+    while (*v == ' ')
+        v++;
+    if (!strncmp(v, "null", 4))
+        return -1;
+    return strtod(v, NULL);
+}
+
+static Row run(const BenchCase &bc, int hq, int hkv, int q_len, cudaStream_t s)
+{
+    const int D = 128, P = 64;
+    std::vector<int32_t> lens;
+    for (const Part &p : bc.parts)
+        for (int i = 0; i < p.count; i++)
+            lens.push_back(p.len);
+    int nreq = (int)lens.size();
+    int32_t max_len = 0;
+    int total_blocks = 0, max_blocks = 0;
+    double kv_bytes = 0;
+    for (int32_t L : lens) {
+        max_len = std::max(max_len, L);
+        int b = (L + P - 1) / P;
+        total_blocks += b;
+        max_blocks = std::max(max_blocks, b);
+        kv_bytes += 2.0 * L * hkv * D; /* K and V, one byte each */
+    }
+    tkvk_layout lay;
+    TK(tkvk_layout_init(&lay, 1, hkv, D, P, TKVK_DTYPE_FP8_E4M3, TKVK_SCALE_PER_TENSOR));
+    size_t pool_bytes = (size_t)total_blocks * lay.block_stride;
+    /* random bytes that are finite e4m3 codes (0x7f/0xff are NaN) */
+    std::vector<uint8_t> host_pool(pool_bytes);
+    for (size_t i = 0; i < pool_bytes; i++) {
+        uint8_t v = (uint8_t)(rnd32() & 0xf7); /* exponent field < 15: |x| < 256, no NaN */
+        host_pool[i] = v;
+    }
+    std::vector<int32_t> ids(total_blocks);
+    for (int i = 0; i < total_blocks; i++)
+        ids[i] = i;
+    for (int i = total_blocks - 1; i > 0; i--)
+        std::swap(ids[i], ids[rnd32() % (uint32_t)(i + 1)]);
+    std::vector<int32_t> table((size_t)nreq * max_blocks, 0);
+    int next = 0;
+    for (int r = 0; r < nreq; r++)
+        for (int b = 0; b < (lens[r] + P - 1) / P; b++)
+            table[(size_t)r * max_blocks + b] = ids[next++];
+    size_t qn = (size_t)nreq * q_len * hq * D;
+    std::vector<uint8_t> q(qn);
+    for (size_t i = 0; i < qn; i++)
+        q[i] = (uint8_t)(rnd32() & 0xb7); /* small finite codes */
+    std::vector<float> qs((size_t)nreq * q_len * hq);
+    for (size_t i = 0; i < qs.size(); i++)
+        qs[i] = 0.01f + 0.001f * (float)(rnd32() % 10);
+
+    uint8_t *d_pool, *d_q;
+    int32_t *d_table, *d_lens;
+    float *d_qs, *d_lse;
+    uint16_t *d_out, *d_out2;
+    CK(cudaMalloc((void **)&d_pool, pool_bytes));
+    CK(cudaMemcpy(d_pool, host_pool.data(), pool_bytes, cudaMemcpyHostToDevice));
+    CK(cudaMalloc((void **)&d_table, table.size() * 4));
+    CK(cudaMemcpy(d_table, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMalloc((void **)&d_lens, nreq * 4));
+    CK(cudaMemcpy(d_lens, lens.data(), nreq * 4, cudaMemcpyHostToDevice));
+    CK(cudaMalloc((void **)&d_q, qn));
+    CK(cudaMemcpy(d_q, q.data(), qn, cudaMemcpyHostToDevice));
+    CK(cudaMalloc((void **)&d_qs, qs.size() * 4));
+    CK(cudaMemcpy(d_qs, qs.data(), qs.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMalloc((void **)&d_out, qn * 2));
+    CK(cudaMalloc((void **)&d_out2, qn * 2));
+    CK(cudaMalloc((void **)&d_lse, qs.size() * 4));
+
+    tkvk_decode_args a;
+    memset(&a, 0, sizeof a);
+    a.layout = &lay;
+    a.layer = 0;
+    a.num_requests = nreq;
+    a.num_q_heads = hq;
+    a.q_len = q_len;
+    a.q_dtype = TKVK_DTYPE_FP8_E4M3;
+    a.q = d_q;
+    a.q_scales = d_qs;
+    a.kv_lens = d_lens;
+    a.block_table = d_table;
+    a.block_table_stride = max_blocks;
+    a.num_blocks = total_blocks;
+    a.pool = d_pool;
+    a.k_scale = 0.02f;
+    a.v_scale = 0.03f;
+    a.sm_scale = 1.0f / sqrtf((float)D);
+    a.out = d_out;
+    a.lse = d_lse;
+
+    tkvk_decode_plan *plan;
+    TK(tkvk_decode_plan_create(&plan, nreq, hkv, (hq / hkv) * q_len, D));
+
+    Row row;
+    row.name = bc.name;
+    row.hq = hq;
+    row.hkv = hkv;
+    row.q_len = q_len;
+    row.kv_bytes = kv_bytes;
+    row.anchor = q_len == 1 ? (hkv == 1 ? bc.anchor_81 : bc.anchor_648) : -1;
+    row.splits = 0;
+
+    cudaGraph_t g;
+    cudaGraphExec_t plan_exec, dyn_exec, stat_exec, step_exec;
+    /* plan alone */
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    TK(tkvk_decode_plan_cuda(plan, d_lens, nreq, s));
+    CK(cudaStreamEndCapture(s, &g));
+    CK(cudaGraphInstantiate(&plan_exec, g, 0));
+    CK(cudaGraphDestroy(g));
+    CK(cudaGraphLaunch(plan_exec, s)); /* the task map the attention graph reads */
+    CK(cudaStreamSynchronize(s));
+    /* attention + combine */
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    TK(tkvk_decode_attend_cuda(plan, &a, s));
+    CK(cudaStreamEndCapture(s, &g));
+    CK(cudaGraphInstantiate(&dyn_exec, g, 0));
+    CK(cudaGraphDestroy(g));
+    /* static */
+    tkvk_decode_args as = a;
+    as.out = d_out2;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    TK(tkvk_decode_static_cuda(plan, &as, max_len, 0, s));
+    CK(cudaStreamEndCapture(s, &g));
+    CK(cudaGraphInstantiate(&stat_exec, g, 0));
+    CK(cudaGraphDestroy(g));
+    /* plan + attention + combine */
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    TK(tkvk_decode_plan_cuda(plan, d_lens, nreq, s));
+    TK(tkvk_decode_attend_cuda(plan, &a, s));
+    CK(cudaStreamEndCapture(s, &g));
+    CK(cudaGraphInstantiate(&step_exec, g, 0));
+    CK(cudaGraphDestroy(g));
+
+    row.dyn = time_graph(dyn_exec, s, false);
+    row.stat = time_graph(stat_exec, s, false);
+    row.dyn_flushed = time_graph(dyn_exec, s, true);
+    row.stat_flushed = time_graph(stat_exec, s, true);
+    row.plan = time_graph(plan_exec, s, false);
+    row.step = time_graph(step_exec, s, false);
+
+    /* dynamic and static must agree (both were replayed on the same inputs) */
+    std::vector<uint16_t> o1(qn), o2(qn);
+    CK(cudaMemcpy(o1.data(), d_out, qn * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(o2.data(), d_out2, qn * 2, cudaMemcpyDeviceToHost));
+    double md = 0;
+    for (size_t i = 0; i < qn; i++) {
+        double x = tkvk_bf16_to_float(o1[i]), y = tkvk_bf16_to_float(o2[i]);
+        double e = fabs(x - y);
+        if (!(e <= md))
+            md = isnan(e) ? INFINITY : e;
+    }
+    row.max_diff = md;
+
+    CK(cudaGraphExecDestroy(plan_exec));
+    CK(cudaGraphExecDestroy(dyn_exec));
+    CK(cudaGraphExecDestroy(stat_exec));
+    CK(cudaGraphExecDestroy(step_exec));
+    tkvk_decode_plan_destroy(plan);
+    cudaFree(d_pool);
+    cudaFree(d_table);
+    cudaFree(d_lens);
+    cudaFree(d_q);
+    cudaFree(d_qs);
+    cudaFree(d_out);
+    cudaFree(d_out2);
+    cudaFree(d_lse);
+    return row;
+}
+
+int main(int argc, char **argv)
+{
+    bool json = false;
+    std::string peer;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json"))
+            json = true;
+        else if (!strcmp(argv[i], "--quick")) {
+            g_reps = 11;
+            g_warm = 2;
+        } else if (!strcmp(argv[i], "--peer") && i + 1 < argc) {
+            FILE *f = fopen(argv[++i], "r");
+            if (!f) {
+                fprintf(stderr, "decode_bench: cannot read %s\n", argv[i]);
+                return 2;
+            }
+            char buf[4096];
+            size_t n;
+            while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+                peer.append(buf, n);
+            fclose(f);
+        } else {
+            fprintf(stderr, "usage: decode_bench [--json] [--peer FILE] [--quick]\n");
+            return 2;
+        }
+    }
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        fprintf(stderr, "decode_bench: no GPU, skipped\n");
+        return 77;
+    }
+    FILE *tab = json ? stderr : stdout;
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CK(cudaMalloc(&g_flush, kFlushBytes));
+    double rate = copy_rate(s);
+    fprintf(tab, "# %s, %d SMs, L2 %d MiB; HBM copy rate %.0f GB/s (read+write)\n", prop.name,
+            prop.multiProcessorCount, prop.l2CacheSize >> 20, rate / 1e9);
+    fprintf(tab,
+            "# D 128, P 64, FP8 KV per-tensor, FP8 Q per-token-head; us = median of %d graph "
+            "replays\n",
+            g_reps);
+    fprintf(tab, "%-18s %5s %2s %8s %8s %8s %8s %8s %6s %6s %6s %7s %6s %6s %8s\n", "case",
+            "heads", "q", "dyn_us", "stat_us", "dynL2f", "plan_us", "step_us", "hbm", "xstat",
+            "anchor", "xanchor", "fi_us", "xfi", "maxdiff");
+    std::vector<Row> rows;
+    const int heads[2][2] = {{8, 1}, {64, 8}};
+    for (int qi = 0; qi < 2; qi++)
+        for (int hi = 0; hi < 2; hi++)
+            for (const BenchCase &bc : kCases) {
+                Row r = run(bc, heads[hi][0], heads[hi][1], qi ? 4 : 1, s);
+                r.hbm_fraction = r.kv_bytes / (r.dyn * 1e-6) / rate;
+                r.peer = peer_lookup(peer, r);
+                char heads_s[8], anchor_s[16], xa_s[16], fi_s[16], xfi_s[16];
+                snprintf(heads_s, sizeof heads_s, "%d/%d", r.hq, r.hkv);
+                snprintf(anchor_s, sizeof anchor_s, r.anchor > 0 ? "%.1f" : "-", r.anchor);
+                snprintf(xa_s, sizeof xa_s, r.anchor > 0 ? "%.2f" : "-", r.anchor / r.dyn);
+                snprintf(fi_s, sizeof fi_s, r.peer > 0 ? "%.1f" : "null", r.peer);
+                snprintf(xfi_s, sizeof xfi_s, r.peer > 0 ? "%.2f" : "-", r.peer / r.dyn);
+                fprintf(tab,
+                        "%-18s %5s %2d %8.1f %8.1f %8.1f %8.1f %8.1f %6.2f %6.2f %6s %7s %6s %6s "
+                        "%8.1e\n",
+                        r.name.c_str(), heads_s, r.q_len, r.dyn, r.stat, r.dyn_flushed, r.plan,
+                        r.step, r.hbm_fraction, r.stat / r.dyn, anchor_s, xa_s, fi_s, xfi_s,
+                        r.max_diff);
+                fflush(tab);
+                rows.push_back(r);
+            }
+    if (json) {
+        printf("[\n");
+        for (size_t i = 0; i < rows.size(); i++) {
+            const Row &r = rows[i];
+            char fi[32];
+            if (r.peer > 0)
+                snprintf(fi, sizeof fi, "%.2f", r.peer);
+            else
+                snprintf(fi, sizeof fi, "null");
+            printf("  {\"case\": \"%s\", \"hq\": %d, \"hkv\": %d, \"q_len\": %d, \"kv_bytes\": %.0f, "
+                   "\"dynamic_us\": %.2f, \"static_us\": %.2f, \"flashinfer_us\": %s, "
+                   "\"dynamic_flushed_us\": %.2f, \"static_flushed_us\": %.2f, \"plan_us\": %.2f, "
+                   "\"step_us\": %.2f, \"hbm_fraction\": %.3f, \"copy_rate_gbs\": %.1f, "
+                   "\"dyn_vs_static_max_abs_diff\": %.3g}%s\n",
+                   r.name.c_str(), r.hq, r.hkv, r.q_len, r.kv_bytes, r.dyn, r.stat, fi,
+                   r.dyn_flushed, r.stat_flushed, r.plan, r.step, r.hbm_fraction, rate / 1e9,
+                   r.max_diff, i + 1 < rows.size() ? "," : "");
+        }
+        printf("]\n");
+    }
+    CK(cudaFree(g_flush));
+    CK(cudaStreamDestroy(s));
+    return 0;
+}

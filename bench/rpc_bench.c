@@ -1,0 +1,321 @@
+/* rpc_bench.c - the service's request/response costs, each against a ceiling measured in
+ * the same run on the same machine:
+ *
+ *   lookup round trip (p50, p99) and lookups/s over the UNIX socket
+ *       vs redis-benchmark GET on a local redis-server (UNIX socket, same client counts)
+ *   get bandwidth through the mapped L2 pool (and by value, for reference)
+ *       vs plain memcpy of the same bytes
+ *
+ * It starts its own tierkvd (this build's, temp dir) and redis-server (temp dir, UNIX socket),
+ * and stops both. Prints a table, or one JSON object with --json.
+ *
+ *   build/bench/rpc_bench [--json] [--seconds S] [--threads N]
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+#define LOOKUP_BLOCKS 16    /* a 1024-token prompt at 64 tokens per block */
+#define GET_BLOCKS 256      /* 32 MiB of 128 KiB blocks */
+
+typedef struct bench {
+    double seconds;
+    int threads;
+    kvc_client *c;          /* attached */
+    kvc_client *cv;         /* by value */
+    uint32_t *tokens;       /* LOOKUP_BLOCKS blocks */
+    atomic_ulong lookups;
+    atomic_int stop;
+} bench;
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* ---- redis ------------------------------------------------------------------------------ */
+
+typedef struct redis_result {
+    double rps, p50_us, p99_us;
+} redis_result;
+
+static int redis_bench(const char *sock, int clients, int n, redis_result *r)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "redis-benchmark -s %s -t get -n %d -c %d --csv 2>/dev/null", sock,
+             n, clients);
+    FILE *p = popen(cmd, "r");
+    if (!p)
+        return -1;
+    char line[512];
+    int ok = -1;
+    while (fgets(line, sizeof(line), p)) {
+        double rps, avg, mn, p50, p95, p99;
+        if (sscanf(line, "\"GET\",\"%lf\",\"%lf\",\"%lf\",\"%lf\",\"%lf\",\"%lf\"", &rps, &avg,
+                   &mn, &p50, &p95, &p99) == 6) {
+            r->rps = rps;
+            r->p50_us = p50 * 1000;
+            r->p99_us = p99 * 1000;
+            ok = 0;
+        }
+    }
+    int st = pclose(p);
+    return (ok == 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0) ? 0 : -1;
+}
+
+static pid_t redis_start(const char *dir, char *sock, size_t cap)
+{
+    snprintf(sock, cap, "%s/redis.sock", dir);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open("/dev/null", O_WRONLY);
+        if (fd >= 0) {
+            dup2(fd, STDOUT_FILENO);
+            dup2(fd, STDERR_FILENO);
+        }
+        execlp("redis-server", "redis-server", "--port", "0", "--unixsocket", sock, "--save", "",
+               "--appendonly", "no", "--dir", dir, (char *)NULL);
+        _exit(127);
+    }
+    double deadline = tkvt_now() + 10;
+    while (tkvt_now() < deadline && access(sock, F_OK) != 0)
+        tkvt_sleep_ms(20);
+    if (access(sock, F_OK) != 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        return -1;
+    }
+    /* the key redis-benchmark GETs, so every GET finds a value */
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "redis-cli -s %s set key:__rand_int__ xxx >/dev/null", sock);
+    if (system(cmd) != 0)
+        fprintf(stderr, "rpc_bench: could not preload redis\n");
+    return pid;
+}
+
+/* ---- tierkv ----------------------------------------------------------------------------- */
+
+static void *lookup_loop(void *arg)
+{
+    bench *b = arg;
+    unsigned long n = 0;
+    while (!atomic_load(&b->stop)) {
+        kvc_lease *l;
+        if (kvc_lookup(b->c, b->tokens, LOOKUP_BLOCKS * kvc_block_tokens(b->c), 0, &l) != KVC_OK) {
+            fprintf(stderr, "rpc_bench: lookup: %s\n", kvc_last_error());
+            break;
+        }
+        kvc_release(b->c, l);
+        n++;
+    }
+    atomic_fetch_add(&b->lookups, n);
+    return NULL;
+}
+
+static double gbps(double bytes, double s) { return bytes / s / 1e9; }
+
+int main(int argc, char **argv)
+{
+    int json = 0;
+    double seconds = 3;
+    int threads = 4;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--json") == 0)
+            json = 1;
+        else if (strcmp(argv[i], "--seconds") == 0 && i + 1 < argc)
+            seconds = atof(argv[++i]);
+        else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
+            threads = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: rpc_bench [--json] [--seconds S] [--threads N]\n");
+            return 1;
+        }
+    }
+    if (seconds <= 0 || threads < 1 || threads > 256) {
+        fprintf(stderr, "rpc_bench: --seconds > 0 and --threads 1..256\n");
+        return 1;
+    }
+
+    /* 4 layers x 2 KV heads x head dim 128 x 64 tokens, fp8: 128 KiB blocks, a realistic
+     * page for bandwidth; lookups do not depend on the block size */
+    tkvt_daemon d;
+    const char *extra[] = {"--num-layers", "4", "--num-kv-heads", "2", "--head-dim", "128",
+                           "--block-tokens", "64", "--model-id", "rpc-bench", "--l2-blocks",
+                           "1024", "--max-blocks-per-rpc", "64", NULL};
+    if (tkvt_daemon_start(&d, extra) != 0)
+        return 1;
+    char redis_sock[128];
+    pid_t redis = redis_start(d.dir, redis_sock, sizeof(redis_sock));
+    int rc = 1;
+    bench b;
+    memset(&b, 0, sizeof(b));
+    b.seconds = seconds;
+    b.threads = threads;
+    uint8_t *src = NULL, *dst = NULL;
+
+    kvc_opts *o = kvc_opts_new();
+    kvc_opts_set_socket(o, d.sock);
+    kvc_opts_set_attach_socket(o, d.attach);
+    if (kvc_connect(o, &b.c) != KVC_OK) {
+        fprintf(stderr, "rpc_bench: %s\n", kvc_last_error());
+        kvc_opts_free(o);
+        goto out;
+    }
+    kvc_opts_set_attach_socket(o, NULL);
+    if (kvc_connect(o, &b.cv) != KVC_OK) {
+        fprintf(stderr, "rpc_bench: %s\n", kvc_last_error());
+        kvc_opts_free(o);
+        goto out;
+    }
+    kvc_opts_free(o);
+    const uint32_t P = kvc_block_tokens(b.c);
+    const size_t bb = kvc_block_bytes(b.c);
+    const size_t nbytes = (size_t)GET_BLOCKS * bb;
+    uint32_t *tokens = malloc((size_t)GET_BLOCKS * P * sizeof(uint32_t));
+    b.tokens = tokens;
+    tkvt_tokens(42, tokens, (size_t)GET_BLOCKS * P);
+    src = malloc(nbytes);
+    dst = malloc(nbytes);
+    for (uint32_t i = 0; i < GET_BLOCKS; i++)
+        tkvt_payload(42, i, src + (size_t)i * bb, bb);
+    if (kvc_put(b.c, tokens, (size_t)GET_BLOCKS * P, 0, src, GET_BLOCKS, NULL) != KVC_OK) {
+        fprintf(stderr, "rpc_bench: put: %s\n", kvc_last_error());
+        goto out;
+    }
+
+    /* 1. lookup round trip, one client, one call at a time */
+    int n_lat = 20000;
+    double *lat = malloc(n_lat * sizeof(double));
+    for (int i = 0; i < n_lat + 500; i++) {
+        kvc_lease *l;
+        double t0 = tkvt_now();
+        int r = kvc_lookup(b.c, tokens, (size_t)LOOKUP_BLOCKS * P, 0, &l);
+        double t1 = tkvt_now();
+        if (r != KVC_OK || kvc_lease_num_blocks(l) != LOOKUP_BLOCKS) {
+            fprintf(stderr, "rpc_bench: lookup: %s\n", kvc_last_error());
+            free(lat);
+            goto out;
+        }
+        kvc_release(b.c, l);
+        if (i >= 500) /* the first 500 warm the connection */
+            lat[i - 500] = (t1 - t0) * 1e6;
+    }
+    qsort(lat, n_lat, sizeof(double), cmp_double);
+    double p50 = lat[n_lat / 2], p99 = lat[(int)(n_lat * 0.99)];
+    free(lat);
+
+    /* 2. lookups per second, `threads` threads sharing one client */
+    pthread_t th[256];
+    double t0 = tkvt_now();
+    for (int i = 0; i < threads; i++)
+        pthread_create(&th[i], NULL, lookup_loop, &b);
+    tkvt_sleep_ms((int)(seconds * 1000));
+    atomic_store(&b.stop, 1);
+    for (int i = 0; i < threads; i++)
+        pthread_join(th[i], NULL);
+    double lookups_s = atomic_load(&b.lookups) / (tkvt_now() - t0);
+
+    /* 3. get bandwidth: mapped pool, by value, and memcpy of the same bytes */
+    kvc_lease *l;
+    if (kvc_lookup(b.c, tokens, (size_t)GET_BLOCKS * P, 0, &l) != KVC_OK ||
+        kvc_lease_num_blocks(l) != GET_BLOCKS || kvc_wait(b.c, l, KVC_TIER_L2, 0) != KVC_OK) {
+        fprintf(stderr, "rpc_bench: lookup for get: %s\n", kvc_last_error());
+        goto out;
+    }
+    uint32_t mapped = 0;
+    for (uint32_t i = 0; i < GET_BLOCKS; i++)
+        mapped += kvc_lease_block_ptr(b.c, l, i) != NULL;
+    int reps = 0;
+    double tm = tkvt_now(), t_end = tm + seconds;
+    while (tkvt_now() < t_end || reps < 3) {
+        if (kvc_get(b.c, l, 0, GET_BLOCKS, dst, nbytes) != KVC_OK) {
+            fprintf(stderr, "rpc_bench: get: %s\n", kvc_last_error());
+            goto out;
+        }
+        reps++;
+    }
+    double mapped_gbps = gbps((double)nbytes * reps, tkvt_now() - tm);
+    int exact = memcmp(dst, src, nbytes) == 0;
+    kvc_release(b.c, l);
+
+    kvc_lease *lv;
+    if (kvc_lookup(b.cv, tokens, (size_t)GET_BLOCKS * P, 0, &lv) != KVC_OK) {
+        fprintf(stderr, "rpc_bench: lookup: %s\n", kvc_last_error());
+        goto out;
+    }
+    reps = 0;
+    tm = tkvt_now();
+    t_end = tm + seconds;
+    while (tkvt_now() < t_end || reps < 3) {
+        if (kvc_get(b.cv, lv, 0, GET_BLOCKS, dst, nbytes) != KVC_OK) {
+            fprintf(stderr, "rpc_bench: get by value: %s\n", kvc_last_error());
+            goto out;
+        }
+        reps++;
+    }
+    double value_gbps = gbps((double)nbytes * reps, tkvt_now() - tm);
+    exact = exact && memcmp(dst, src, nbytes) == 0;
+    kvc_release(b.cv, lv);
+
+    reps = 0;
+    tm = tkvt_now();
+    t_end = tm + seconds;
+    while (tkvt_now() < t_end || reps < 3) {
+        memcpy(dst, src, nbytes);
+        __asm__ __volatile__("" : : "r"(dst) : "memory"); /* keep the copy */
+        reps++;
+    }
+    double memcpy_gbps = gbps((double)nbytes * reps, tkvt_now() - tm);
+
+    /* 4. the ceiling: redis GET over a UNIX socket, 1 client (latency) and N (throughput) */
+    redis_result r1 = {0, 0, 0}, rn = {0, 0, 0};
+    int have_redis = redis > 0 && redis_bench(redis_sock, 1, 50000, &r1) == 0 &&
+                     redis_bench(redis_sock, threads, 200000, &rn) == 0;
+    if (!have_redis)
+        fprintf(stderr, "rpc_bench: redis-server/redis-benchmark did not run; no ceiling\n");
+
+    if (json) {
+        printf("{\"lookup_blocks\":%d,\"block_bytes\":%zu,\"threads\":%d,\"lookup_p50_us\":%.1f,"
+               "\"lookup_p99_us\":%.1f,\"lookups_per_s\":%.0f,\"redis_get_p50_us\":%.1f,"
+               "\"redis_get_p99_us\":%.1f,\"redis_gets_per_s\":%.0f,\"redis_gets_per_s_1client\":%.0f,"
+               "\"get_mapped_gbps\":%.2f,\"get_value_gbps\":%.2f,\"memcpy_gbps\":%.2f,"
+               "\"mapped_blocks\":%u,\"get_bytes\":%zu,\"bit_exact\":%s}\n",
+               LOOKUP_BLOCKS, bb, threads, p50, p99, lookups_s, r1.p50_us, r1.p99_us, rn.rps,
+               r1.rps, mapped_gbps, value_gbps, memcpy_gbps, mapped, nbytes,
+               exact ? "true" : "false");
+    } else {
+        printf("rpc_bench: tierkvd over a UNIX socket vs redis-server GET (same machine)\n");
+        printf("%-38s %12s %12s\n", "", "tierkv", "redis GET");
+        printf("%-38s %12.1f %12.1f\n", "round trip p50 (us), 1 client", p50, r1.p50_us);
+        printf("%-38s %12.1f %12.1f\n", "round trip p99 (us), 1 client", p99, r1.p99_us);
+        printf("%-38s %12.0f %12.0f\n", "requests/s, threads/clients", lookups_s, rn.rps);
+        printf("(lookup of a %d-block prompt + its release per iteration; %d threads)\n",
+               LOOKUP_BLOCKS, threads);
+        printf("%-38s %12.2f\n", "get through the mapped pool (GB/s)", mapped_gbps);
+        printf("%-38s %12.2f\n", "get by value over gRPC (GB/s)", value_gbps);
+        printf("%-38s %12.2f\n", "memcpy of the same bytes (GB/s)", memcpy_gbps);
+        printf("mapped get = %.0f%% of memcpy; %u of %d blocks mapped; %zu bytes per get; "
+               "bit-exact %s\n",
+               100 * mapped_gbps / memcpy_gbps, mapped, GET_BLOCKS, nbytes, exact ? "yes" : "NO");
+    }
+    rc = exact ? 0 : 1;
+out:
+    free(src);
+    free(dst);
+    free(b.tokens);
+    kvc_close(b.c);
+    kvc_close(b.cv);
+    if (redis > 0) {
+        kill(redis, SIGTERM);
+        waitpid(redis, NULL, 0);
+    }
+    if (tkvt_daemon_stop(&d) != 0)
+        rc = 1;
+    return rc;
+}

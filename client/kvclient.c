@@ -1,0 +1,1355 @@
+/* kvclient.c - libkvclient: gRPC (C core + protobuf-c) control plane, attach-socket data
+ * plane. Contracts are in kvclient.h.
+ *
+ * Threading model: one grpc_channel per client (HTTP/2 multiplexes concurrent calls over one
+ * connection); each call makes its own grpc_call and its own pluck completion queue, so no
+ * lock is held across a round trip and threads sharing a client never wait on each other
+ * here. The only mutable shared state is immutable after kvc_connect.
+ */
+#include "kvclient.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/slice.h>
+#include <grpc/support/time.h>
+
+#include "tierkv.pb-c.h"
+#include "tkv_attach.h"
+#include "tkv_base.h"
+#include "tkv_keys.h"
+
+/* Largest payload we put in one request. The daemon's receive limit is its own choice; 3 MiB
+ * stays under gRPC's default 4 MiB with room for the tokens and framing. */
+#define KVC_MAX_MSG_PAYLOAD (3u << 20)
+/* What we accept from the daemon in one reply (Get answers are split by the client too). */
+#define KVC_MAX_RECV_BYTES (64 << 20)
+#define KVC_DEFAULT_SOCKET "/run/tierkv/tierkv.sock"
+#define KVC_NS_MAX 255
+
+/* =========================================================================================
+ * errors
+ * ========================================================================================= */
+
+static _Thread_local char tls_err[512];
+
+const char *kvc_strerror(int status)
+{
+    switch (status) {
+    case KVC_OK: return "ok";
+    case KVC_EINVAL: return "invalid argument";
+    case KVC_EUNAVAILABLE: return "daemon unavailable";
+    case KVC_ENOTFOUND: return "not found (unknown or expired lease or allocation)";
+    case KVC_EGEOMETRY: return "geometry fingerprint mismatch";
+    case KVC_EFULL: return "resource exhausted";
+    case KVC_EDATALOSS: return "checksum failure: block dropped";
+    case KVC_ETIMEDOUT: return "timed out";
+    case KVC_EBUSY: return "failed precondition";
+    case KVC_EPROTO: return "malformed reply from daemon";
+    case KVC_EATTACH: return "attach failed";
+    case KVC_EUNSUPPORTED: return "not supported by the daemon";
+    case KVC_EINTERNAL: return "daemon internal error";
+    case KVC_ECANCELLED: return "cancelled";
+    default: return "unknown error";
+    }
+}
+
+const char *kvc_last_error(void) { return tls_err; }
+
+__attribute__((format(printf, 2, 3))) static int fail(int code, const char *fmt, ...)
+{
+    int n = snprintf(tls_err, sizeof(tls_err), "%s: ", kvc_strerror(code));
+    if (n < 0 || (size_t)n >= sizeof(tls_err))
+        return code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(tls_err + n, sizeof(tls_err) - (size_t)n, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+const char *kvc_tier_name(int tier)
+{
+    switch (tier) {
+    case KVC_TIER_NONE: return "none";
+    case KVC_TIER_L1: return "L1";
+    case KVC_TIER_L2: return "L2";
+    case KVC_TIER_L3: return "L3";
+    default: return "?";
+    }
+}
+
+/* =========================================================================================
+ * options
+ * ========================================================================================= */
+
+struct kvc_opts {
+    char *target;       /* full gRPC target, or NULL */
+    char *socket;       /* UNIX socket path, or NULL */
+    char *attach;       /* attach socket path, or NULL */
+    char *ns;
+    bool have_geometry;
+    tkv_geometry geometry;
+    uint32_t timeout_ms;
+    uint32_t lease_ttl_ms;
+    uint32_t max_blocks_per_call;
+};
+
+kvc_opts *kvc_opts_new(void)
+{
+    kvc_opts *o = tkv_xcalloc(1, sizeof(*o));
+    o->ns = tkv_xstrdup("");
+    o->timeout_ms = 10000;
+    o->max_blocks_per_call = 64;
+    return o;
+}
+
+void kvc_opts_free(kvc_opts *o)
+{
+    if (!o)
+        return;
+    free(o->target);
+    free(o->socket);
+    free(o->attach);
+    free(o->ns);
+    free(o);
+}
+
+static int set_str(char **dst, const char *v, size_t max, const char *what, bool allow_null)
+{
+    if (!v && !allow_null)
+        return fail(KVC_EINVAL, "%s must not be NULL", what);
+    if (v && strlen(v) > max)
+        return fail(KVC_EINVAL, "%s longer than %zu bytes", what, max);
+    if (v && !allow_null && v[0] == '\0' && max != KVC_NS_MAX)
+        return fail(KVC_EINVAL, "%s must not be empty", what);
+    free(*dst);
+    *dst = v ? tkv_xstrdup(v) : NULL;
+    return KVC_OK;
+}
+
+int kvc_opts_set_socket(kvc_opts *o, const char *path)
+{
+    if (!o)
+        return fail(KVC_EINVAL, "options are NULL");
+    /* sun_path holds 108 bytes including the NUL */
+    return set_str(&o->socket, path, sizeof(((struct sockaddr_un *)0)->sun_path) - 1,
+                   "socket path", false);
+}
+
+int kvc_opts_set_target(kvc_opts *o, const char *target)
+{
+    if (!o)
+        return fail(KVC_EINVAL, "options are NULL");
+    return set_str(&o->target, target, 1024, "target", false);
+}
+
+int kvc_opts_set_attach_socket(kvc_opts *o, const char *path)
+{
+    if (!o)
+        return fail(KVC_EINVAL, "options are NULL");
+    if (path && path[0] == '\0')
+        return fail(KVC_EINVAL, "attach socket path must not be empty");
+    return set_str(&o->attach, path, sizeof(((struct sockaddr_un *)0)->sun_path) - 1,
+                   "attach socket path", true);
+}
+
+int kvc_opts_set_namespace(kvc_opts *o, const char *ns)
+{
+    if (!o)
+        return fail(KVC_EINVAL, "options are NULL");
+    return set_str(&o->ns, ns, KVC_NS_MAX, "namespace", false);
+}
+
+int kvc_opts_set_geometry(kvc_opts *o, uint32_t num_layers, uint32_t num_kv_heads,
+                          uint32_t head_dim, uint32_t block_tokens, const char *kv_dtype,
+                          const char *scale_mode, const char *model_id)
+{
+    if (!o)
+        return fail(KVC_EINVAL, "options are NULL");
+    tkv_geometry g;
+    memset(&g, 0, sizeof(g));
+    g.num_layers = num_layers;
+    g.num_kv_heads = num_kv_heads;
+    g.head_dim = head_dim;
+    g.block_tokens = block_tokens;
+    if (!kv_dtype || strcmp(kv_dtype, "fp8_e4m3") == 0)
+        g.dtype = TKV_DTYPE_FP8_E4M3;
+    else if (strcmp(kv_dtype, "bf16") == 0)
+        g.dtype = TKV_DTYPE_BF16;
+    else
+        return fail(KVC_EINVAL, "kv dtype '%s' is not fp8_e4m3 or bf16", kv_dtype);
+    if (!scale_mode || strcmp(scale_mode, "per_tensor") == 0)
+        g.scale_mode = TKV_SCALE_PER_TENSOR;
+    else if (strcmp(scale_mode, "per_token_head") == 0)
+        g.scale_mode = TKV_SCALE_PER_TOKEN_HEAD;
+    else
+        return fail(KVC_EINVAL, "scale mode '%s' is not per_tensor or per_token_head",
+                    scale_mode);
+    if (!model_id || strlen(model_id) >= TKV_MODEL_ID_MAX)
+        return fail(KVC_EINVAL, "model id missing or longer than %d bytes",
+                    TKV_MODEL_ID_MAX - 1);
+    memcpy(g.model_id, model_id, strlen(model_id) + 1);
+    char why[160];
+    if (tkv_geometry_validate(&g, why, sizeof(why)) != TKV_OK)
+        return fail(KVC_EINVAL, "geometry: %s", why);
+    o->geometry = g;
+    o->have_geometry = true;
+    return KVC_OK;
+}
+
+int kvc_opts_set_timeout_ms(kvc_opts *o, uint32_t timeout_ms)
+{
+    if (!o)
+        return fail(KVC_EINVAL, "options are NULL");
+    if (timeout_ms == 0)
+        return fail(KVC_EINVAL, "timeout must be > 0 ms");
+    o->timeout_ms = timeout_ms;
+    return KVC_OK;
+}
+
+int kvc_opts_set_max_blocks_per_call(kvc_opts *o, uint32_t n)
+{
+    if (!o)
+        return fail(KVC_EINVAL, "options are NULL");
+    if (n == 0 || n > 4096)
+        return fail(KVC_EINVAL, "max blocks per call must be 1..4096, got %u", n);
+    o->max_blocks_per_call = n;
+    return KVC_OK;
+}
+
+int kvc_opts_set_lease_ttl_ms(kvc_opts *o, uint32_t ttl_ms)
+{
+    if (!o)
+        return fail(KVC_EINVAL, "options are NULL");
+    o->lease_ttl_ms = ttl_ms;
+    return KVC_OK;
+}
+
+/* =========================================================================================
+ * client and the unary call
+ * ========================================================================================= */
+
+struct kvc_client {
+    grpc_channel *channel;
+    char *target;
+    char *ns;
+    uint8_t fingerprint[TKV_KEY_BYTES];
+    size_t block_bytes;
+    uint32_t block_tokens;
+    uint32_t timeout_ms;
+    uint32_t lease_ttl_ms;
+    uint32_t blocks_per_msg;     /* payloads per Put/Get message */
+    /* attach (data plane) */
+    int attach_fd;               /* -1 when not attached */
+    uint64_t client_id;
+    const uint8_t *pool;         /* PROT_READ mapping of the L2 pool, or NULL */
+    uint64_t pool_bytes;
+};
+
+struct kvc_lease {
+    uint64_t id;
+    uint32_t num_blocks;
+    uint32_t num_query_blocks;
+    uint8_t *tier;               /* num_blocks entries */
+    uint8_t *in_l2;
+    uint64_t *l2_offset;
+};
+
+static gpr_timespec deadline_ms(uint32_t ms)
+{
+    if (ms == 0)
+        return gpr_inf_future(GPR_CLOCK_MONOTONIC);
+    return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                        gpr_time_from_millis((int64_t)ms, GPR_TIMESPAN));
+}
+
+static int map_status(grpc_status_code st, const char *msg)
+{
+    switch (st) {
+    case GRPC_STATUS_OK: return KVC_OK;
+    case GRPC_STATUS_INVALID_ARGUMENT:
+    case GRPC_STATUS_OUT_OF_RANGE: return KVC_EINVAL;
+    case GRPC_STATUS_UNAVAILABLE: return KVC_EUNAVAILABLE;
+    case GRPC_STATUS_NOT_FOUND: return KVC_ENOTFOUND;
+    case GRPC_STATUS_FAILED_PRECONDITION:
+        /* the proto reserves FAILED_PRECONDITION for a geometry mismatch and for pinned
+         * blocks; the message tells which */
+        return (msg && (strstr(msg, "geometry") || strstr(msg, "fingerprint"))) ? KVC_EGEOMETRY
+                                                                                : KVC_EBUSY;
+    case GRPC_STATUS_RESOURCE_EXHAUSTED: return KVC_EFULL;
+    case GRPC_STATUS_DATA_LOSS: return KVC_EDATALOSS;
+    case GRPC_STATUS_DEADLINE_EXCEEDED: return KVC_ETIMEDOUT;
+    case GRPC_STATUS_UNIMPLEMENTED: return KVC_EUNSUPPORTED;
+    case GRPC_STATUS_CANCELLED: return KVC_ECANCELLED;
+    case GRPC_STATUS_ALREADY_EXISTS: return KVC_EBUSY;
+    default: return KVC_EINTERNAL;
+    }
+}
+
+static grpc_byte_buffer *pack_message(const ProtobufCMessage *req)
+{
+    size_t n = protobuf_c_message_get_packed_size(req);
+    grpc_slice s = grpc_slice_malloc(n);
+    protobuf_c_message_pack(req, GRPC_SLICE_START_PTR(s));
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    return bb;
+}
+
+static ProtobufCMessage *unpack_message(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d)
+{
+    grpc_byte_buffer_reader r;
+    if (!grpc_byte_buffer_reader_init(&r, bb))
+        return NULL;
+    grpc_slice s = grpc_byte_buffer_reader_readall(&r);
+    grpc_byte_buffer_reader_destroy(&r);
+    ProtobufCMessage *m =
+        protobuf_c_message_unpack(d, NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
+    grpc_slice_unref(s);
+    return m;
+}
+
+/* Records the outcome of a finished call: KVC_OK, or the mapped status with the daemon's
+ * message in the thread's last error. */
+static int call_status(const char *method, grpc_status_code st, grpc_slice details)
+{
+    if (st == GRPC_STATUS_OK)
+        return KVC_OK;
+    char msg[384];
+    size_t n = GRPC_SLICE_LENGTH(details);
+    if (n >= sizeof(msg))
+        n = sizeof(msg) - 1;
+    memcpy(msg, GRPC_SLICE_START_PTR(details), n);
+    msg[n] = '\0';
+    int code = map_status(st, msg);
+    return fail(code, "%s: grpc status %d: %s", method, (int)st, msg[0] ? msg : "(no message)");
+}
+
+/* One unary call: req -> *resp (unpacked with d; the caller frees it with
+ * protobuf_c_message_free_unpacked). timeout_ms 0 = no deadline. */
+static int unary(kvc_client *c, const char *method, const ProtobufCMessage *req,
+                 const ProtobufCMessageDescriptor *d, ProtobufCMessage **resp, uint32_t timeout_ms)
+{
+    int rc = KVC_OK;
+    *resp = NULL;
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+    grpc_slice mslice = grpc_slice_from_static_string(method);
+    grpc_call *call = grpc_channel_create_call(c->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
+                                               mslice, NULL, deadline_ms(timeout_ms), NULL);
+    grpc_byte_buffer *send = pack_message(req);
+    grpc_byte_buffer *recv = NULL;
+    grpc_metadata_array initial_md, trailing_md;
+    grpc_metadata_array_init(&initial_md);
+    grpc_metadata_array_init(&trailing_md);
+    grpc_status_code st = GRPC_STATUS_UNKNOWN;
+    grpc_slice details = grpc_empty_slice();
+
+    grpc_op ops[6];
+    memset(ops, 0, sizeof(ops));
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = send;
+    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = &initial_md;
+    ops[4].op = GRPC_OP_RECV_MESSAGE;
+    ops[4].data.recv_message.recv_message = &recv;
+    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[5].data.recv_status_on_client.trailing_metadata = &trailing_md;
+    ops[5].data.recv_status_on_client.status = &st;
+    ops[5].data.recv_status_on_client.status_details = &details;
+
+    grpc_call_error ce = grpc_call_start_batch(call, ops, 6, (void *)1, NULL);
+    if (ce != GRPC_CALL_OK) {
+        rc = fail(KVC_EINTERNAL, "%s: grpc_call_start_batch: %d", method, (int)ce);
+        goto fail;
+    }
+    grpc_event ev = grpc_completion_queue_pluck(cq, (void *)1,
+                                                gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    TKV_ASSERT(ev.type == GRPC_OP_COMPLETE);
+    rc = call_status(method, st, details);
+    if (rc != KVC_OK)
+        goto fail;
+    if (!recv) {
+        rc = fail(KVC_EPROTO, "%s: OK status without a reply message", method);
+        goto fail;
+    }
+    *resp = unpack_message(recv, d);
+    if (!*resp)
+        rc = fail(KVC_EPROTO, "%s: reply does not parse as %s", method, d->name);
+fail:
+    if (recv)
+        grpc_byte_buffer_destroy(recv);
+    grpc_byte_buffer_destroy(send);
+    grpc_slice_unref(details);
+    grpc_metadata_array_destroy(&initial_md);
+    grpc_metadata_array_destroy(&trailing_md);
+    grpc_call_unref(call);
+    grpc_completion_queue_shutdown(cq);
+    grpc_completion_queue_destroy(cq);
+    return rc;
+}
+
+#define UNARY(c, name, req, resp_type, resp_desc, resp, tmo)                                  \
+    unary((c), "/tierkv.v1.Cache/" name, (const ProtobufCMessage *)(req), &(resp_desc),       \
+          (ProtobufCMessage **)(resp), (tmo))
+
+static void scope_init(kvc_client *c, Tierkv__V1__BlockScope *s)
+{
+    tierkv__v1__block_scope__init(s);
+    s->namespace_ = c->ns;
+    s->fingerprint.data = c->fingerprint;
+    s->fingerprint.len = TKV_KEY_BYTES;
+    s->client_id = c->client_id;
+}
+
+/* =========================================================================================
+ * connect / attach / close
+ * ========================================================================================= */
+
+static int attach(kvc_client *c, const char *path)
+{
+    int rc = KVC_OK;
+    int memfd = -1;
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return fail(KVC_EATTACH, "socket: %s", strerror(errno));
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sun_family = AF_UNIX;
+    memcpy(sa.sun_path, path, strlen(path) + 1); /* length checked by the setter */
+    /* the handshake must not hang on a wedged daemon: bound it by the call timeout */
+    struct timeval tv = {.tv_sec = c->timeout_ms / 1000, .tv_usec = (c->timeout_ms % 1000) * 1000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+        rc = fail(KVC_EATTACH, "connect %s: %s", path, strerror(errno));
+        goto fail;
+    }
+    tkv_attach_hello hello;
+    memset(&hello, 0, sizeof(hello));
+    hello.magic = TKV_ATTACH_MAGIC;
+    hello.version = TKV_ATTACH_VERSION;
+    memcpy(hello.fingerprint, c->fingerprint, TKV_KEY_BYTES);
+    hello.pid = (uint32_t)getpid();
+    if (send(fd, &hello, sizeof(hello), MSG_NOSIGNAL) != (ssize_t)sizeof(hello)) {
+        rc = fail(KVC_EATTACH, "send hello to %s: %s", path, strerror(errno));
+        goto fail;
+    }
+    tkv_attach_reply reply;
+    memset(&reply, 0, sizeof(reply));
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } ctrl;
+    memset(&ctrl, 0, sizeof(ctrl));
+    struct iovec iov = {.iov_base = &reply, .iov_len = sizeof(reply)};
+    struct msghdr mh;
+    memset(&mh, 0, sizeof(mh));
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = ctrl.buf;
+    mh.msg_controllen = sizeof(ctrl.buf);
+    ssize_t n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+    if (n < 0) {
+        rc = fail(KVC_EATTACH, "receive attach reply from %s: %s", path, strerror(errno));
+        goto fail;
+    }
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
+        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
+            cm->cmsg_len == CMSG_LEN(sizeof(int)))
+            memcpy(&memfd, CMSG_DATA(cm), sizeof(int));
+    if (n != (ssize_t)sizeof(reply) || reply.magic != TKV_ATTACH_MAGIC) {
+        rc = fail(KVC_EATTACH, "attach reply from %s is malformed (%zd bytes)", path, n);
+        goto fail;
+    }
+    reply.message[sizeof(reply.message) - 1] = '\0';
+    if (reply.status != 0) {
+        rc = fail(reply.status == TKV_EGEOMETRY ? KVC_EGEOMETRY : KVC_EATTACH,
+                  "daemon refused attach: %s (%s)", reply.message, tkv_strerror(reply.status));
+        goto fail;
+    }
+    if (memfd < 0) {
+        rc = fail(KVC_EATTACH, "attach reply carried no pool descriptor");
+        goto fail;
+    }
+    if (reply.block_bytes != c->block_bytes || reply.block_tokens != c->block_tokens) {
+        rc = fail(KVC_EATTACH, "attach reply geometry (%llu bytes/%u tokens) differs from "
+                  "Stats (%zu/%u)", (unsigned long long)reply.block_bytes, reply.block_tokens,
+                  c->block_bytes, c->block_tokens);
+        goto fail;
+    }
+    struct stat stt;
+    if (fstat(memfd, &stt) != 0 || (uint64_t)stt.st_size < reply.l2_bytes) {
+        rc = fail(KVC_EATTACH, "pool descriptor is smaller than the announced %llu bytes",
+                  (unsigned long long)reply.l2_bytes);
+        goto fail;
+    }
+    if (reply.l2_bytes > 0) {
+        void *p = mmap(NULL, reply.l2_bytes, PROT_READ, MAP_SHARED, memfd, 0);
+        if (p == MAP_FAILED) {
+            rc = fail(KVC_EATTACH, "mmap pool (%llu bytes): %s",
+                      (unsigned long long)reply.l2_bytes, strerror(errno));
+            goto fail;
+        }
+        c->pool = p;
+        c->pool_bytes = reply.l2_bytes;
+    }
+    close(memfd); /* the mapping keeps the pool alive */
+    memfd = -1;
+    /* the connection stays open and silent; no timeout on it from now on */
+    struct timeval zero = {0, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &zero, sizeof(zero));
+    c->attach_fd = fd;
+    c->client_id = reply.client_id;
+    return KVC_OK;
+fail:
+    if (memfd >= 0)
+        close(memfd);
+    close(fd);
+    return rc;
+}
+
+static void copy_cstr(char *dst, size_t cap, const char *src)
+{
+    size_t n = src ? strlen(src) : 0;
+    if (n >= cap)
+        n = cap - 1;
+    if (n)
+        memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+int kvc_connect(const kvc_opts *o, kvc_client **out)
+{
+    int rc = KVC_OK;
+    Tierkv__V1__StatsResponse *st = NULL;
+    if (!o || !out)
+        return fail(KVC_EINVAL, "options or out pointer is NULL");
+    *out = NULL;
+
+    grpc_init();
+    kvc_client *c = tkv_xcalloc(1, sizeof(*c));
+    c->attach_fd = -1;
+    c->timeout_ms = o->timeout_ms;
+    c->lease_ttl_ms = o->lease_ttl_ms;
+    c->ns = tkv_xstrdup(o->ns);
+    if (o->target) {
+        c->target = tkv_xstrdup(o->target);
+    } else {
+        const char *path = o->socket ? o->socket : getenv("TIERKV_SOCKET");
+        if (!path || !*path)
+            path = KVC_DEFAULT_SOCKET;
+        size_t n = strlen(path) + 6;
+        c->target = tkv_xmalloc(n);
+        snprintf(c->target, n, "unix:%s", path);
+    }
+
+    grpc_arg args[2];
+    memset(args, 0, sizeof(args));
+    args[0].type = GRPC_ARG_INTEGER;
+    args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+    args[0].value.integer = KVC_MAX_RECV_BYTES;
+    args[1].type = GRPC_ARG_INTEGER;
+    args[1].key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
+    args[1].value.integer = KVC_MAX_RECV_BYTES;
+    grpc_channel_args cargs = {.num_args = 2, .args = args};
+    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    c->channel = grpc_channel_create(c->target, creds, &cargs);
+    grpc_channel_credentials_release(creds);
+    if (!c->channel) {
+        rc = fail(KVC_EINVAL, "cannot create a channel to %s", c->target);
+        goto fail;
+    }
+
+    /* Stats tells the daemon's geometry: adopt it, or check ours against it now, so a
+     * mismatch is one clear error at connect rather than one per call. */
+    Tierkv__V1__StatsRequest sreq = TIERKV__V1__STATS_REQUEST__INIT;
+    rc = UNARY(c, "Stats", &sreq, Tierkv__V1__StatsResponse, tierkv__v1__stats_response__descriptor,
+               &st, c->timeout_ms);
+    if (rc != KVC_OK) {
+        char why[sizeof(tls_err)];
+        copy_cstr(why, sizeof(why), tls_err);
+        rc = fail(rc == KVC_ETIMEDOUT ? KVC_ETIMEDOUT : KVC_EUNAVAILABLE,
+                  "cannot reach tierkvd at %s (%s)", c->target, why);
+        goto fail;
+    }
+    const Tierkv__V1__Geometry *dg = st->geometry;
+    if (!dg || dg->fingerprint.len != TKV_KEY_BYTES || dg->block_bytes == 0 ||
+        dg->block_tokens == 0) {
+        rc = fail(KVC_EPROTO, "daemon's Stats carries no usable geometry");
+        goto fail;
+    }
+    if (o->have_geometry) {
+        tkv_geometry_fingerprint(&o->geometry, c->fingerprint);
+        if (memcmp(c->fingerprint, dg->fingerprint.data, TKV_KEY_BYTES) != 0) {
+            rc = fail(KVC_EGEOMETRY,
+                      "client geometry (model %s, %u layers, %u kv heads, head dim %u, %u "
+                      "tokens/block) differs from the daemon's (model %s, %u, %u, %u, %u)",
+                      o->geometry.model_id, o->geometry.num_layers, o->geometry.num_kv_heads,
+                      o->geometry.head_dim, o->geometry.block_tokens,
+                      dg->model_id ? dg->model_id : "?", dg->num_layers, dg->num_kv_heads,
+                      dg->head_dim, dg->block_tokens);
+            goto fail;
+        }
+        size_t bb = tkv_geometry_block_bytes(&o->geometry);
+        if (bb != dg->block_bytes) {
+            rc = fail(KVC_EPROTO, "daemon block size %llu differs from the geometry's %zu",
+                      (unsigned long long)dg->block_bytes, bb);
+            goto fail;
+        }
+    } else {
+        memcpy(c->fingerprint, dg->fingerprint.data, TKV_KEY_BYTES);
+    }
+    c->block_bytes = (size_t)dg->block_bytes;
+    c->block_tokens = dg->block_tokens;
+    /* both bounds hold: the daemon's block count per message and the byte size */
+    c->blocks_per_msg = (uint32_t)(KVC_MAX_MSG_PAYLOAD / c->block_bytes);
+    if (c->blocks_per_msg > o->max_blocks_per_call)
+        c->blocks_per_msg = o->max_blocks_per_call;
+    if (c->blocks_per_msg == 0)
+        c->blocks_per_msg = 1;
+    protobuf_c_message_free_unpacked(&st->base, NULL);
+    st = NULL;
+
+    if (o->attach) {
+        rc = attach(c, o->attach);
+        if (rc != KVC_OK)
+            goto fail;
+    }
+    *out = c;
+    return KVC_OK;
+fail:
+    if (st)
+        protobuf_c_message_free_unpacked(&st->base, NULL);
+    kvc_close(c);
+    return rc;
+}
+
+void kvc_close(kvc_client *c)
+{
+    if (!c)
+        return;
+    if (c->pool)
+        munmap((void *)c->pool, c->pool_bytes);
+    if (c->attach_fd >= 0)
+        close(c->attach_fd);
+    if (c->channel)
+        grpc_channel_destroy(c->channel);
+    free(c->target);
+    free(c->ns);
+    free(c);
+    grpc_shutdown();
+}
+
+size_t kvc_block_bytes(const kvc_client *c) { return c ? c->block_bytes : 0; }
+uint32_t kvc_block_tokens(const kvc_client *c) { return c ? c->block_tokens : 0; }
+int kvc_is_attached(const kvc_client *c) { return c && c->pool ? 1 : 0; }
+uint64_t kvc_client_id(const kvc_client *c) { return c ? c->client_id : 0; }
+
+void kvc_fingerprint_hex(const kvc_client *c, char out[65])
+{
+    static const char hex[] = "0123456789abcdef";
+    for (int i = 0; i < TKV_KEY_BYTES; i++) {
+        out[2 * i] = hex[c->fingerprint[i] >> 4];
+        out[2 * i + 1] = hex[c->fingerprint[i] & 15];
+    }
+    out[64] = '\0';
+}
+
+/* =========================================================================================
+ * lookup, leases, prefetch, get
+ * ========================================================================================= */
+
+static int check_tokens(const kvc_client *c, const uint32_t *tokens, size_t num_tokens)
+{
+    if (!c)
+        return fail(KVC_EINVAL, "client is NULL");
+    if (num_tokens && !tokens)
+        return fail(KVC_EINVAL, "tokens is NULL with %zu tokens", num_tokens);
+    /* the daemon keys only full blocks; a request far beyond what one message may carry is
+     * rejected here with a clear reason rather than by the transport */
+    if (num_tokens > (size_t)(KVC_MAX_RECV_BYTES / 8))
+        return fail(KVC_EINVAL, "%zu tokens is more than one request may carry", num_tokens);
+    return KVC_OK;
+}
+
+/* Copies block locations from a reply into the lease (count entries). */
+static int lease_set_locs(kvc_lease *l, Tierkv__V1__BlockLoc **locs, size_t count)
+{
+    for (size_t i = 0; i < count; i++) {
+        const Tierkv__V1__BlockLoc *b = locs[i];
+        l->tier[i] = (uint8_t)b->tier;
+        l->in_l2[i] = b->in_l2 ? 1 : 0;
+        l->l2_offset[i] = b->l2_offset;
+    }
+    return KVC_OK;
+}
+
+int kvc_lookup(kvc_client *c, const uint32_t *tokens, size_t num_tokens, uint32_t ttl_ms,
+               kvc_lease **out)
+{
+    int rc = check_tokens(c, tokens, num_tokens);
+    if (rc != KVC_OK)
+        return rc;
+    if (!out)
+        return fail(KVC_EINVAL, "out pointer is NULL");
+    *out = NULL;
+    Tierkv__V1__LookupRequest req = TIERKV__V1__LOOKUP_REQUEST__INIT;
+    Tierkv__V1__BlockScope scope;
+    scope_init(c, &scope);
+    req.scope = &scope;
+    req.n_tokens = num_tokens;
+    req.tokens = (uint32_t *)tokens;
+    req.lease_ttl_ms = ttl_ms ? ttl_ms : c->lease_ttl_ms;
+    Tierkv__V1__LookupResponse *resp = NULL;
+    rc = UNARY(c, "Lookup", &req, Tierkv__V1__LookupResponse,
+               tierkv__v1__lookup_response__descriptor, &resp, c->timeout_ms);
+    if (rc != KVC_OK)
+        return rc;
+    if (resp->n_blocks != resp->num_hit_blocks ||
+        (resp->num_hit_blocks > 0 && resp->lease_id == 0) ||
+        resp->num_hit_blocks > resp->num_query_blocks ||
+        (uint64_t)resp->num_query_blocks * c->block_tokens > num_tokens) {
+        rc = fail(KVC_EPROTO, "Lookup reply inconsistent: %u hit blocks, %zu locations, "
+                  "%u query blocks, lease %llu", resp->num_hit_blocks, resp->n_blocks,
+                  resp->num_query_blocks, (unsigned long long)resp->lease_id);
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+        return rc;
+    }
+    kvc_lease *l = tkv_xcalloc(1, sizeof(*l));
+    l->id = resp->lease_id;
+    l->num_blocks = resp->num_hit_blocks;
+    l->num_query_blocks = resp->num_query_blocks;
+    l->tier = tkv_xcalloc(l->num_blocks + 1, 1);
+    l->in_l2 = tkv_xcalloc(l->num_blocks + 1, 1);
+    l->l2_offset = tkv_xcalloc(l->num_blocks + 1, sizeof(uint64_t));
+    lease_set_locs(l, resp->blocks, resp->n_blocks);
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    *out = l;
+    return KVC_OK;
+}
+
+uint64_t kvc_lease_id(const kvc_lease *l) { return l ? l->id : 0; }
+uint32_t kvc_lease_num_blocks(const kvc_lease *l) { return l ? l->num_blocks : 0; }
+uint32_t kvc_lease_num_query_blocks(const kvc_lease *l) { return l ? l->num_query_blocks : 0; }
+
+int kvc_lease_tier(const kvc_lease *l, uint32_t i)
+{
+    return (l && i < l->num_blocks) ? l->tier[i] : KVC_TIER_NONE;
+}
+
+static void lease_free(kvc_lease *l)
+{
+    if (!l)
+        return;
+    free(l->tier);
+    free(l->in_l2);
+    free(l->l2_offset);
+    free(l);
+}
+
+int kvc_release(kvc_client *c, kvc_lease *l)
+{
+    if (!l)
+        return KVC_OK;
+    int rc = KVC_OK;
+    if (!c) {
+        rc = fail(KVC_EINVAL, "client is NULL");
+    } else if (l->id) {
+        Tierkv__V1__ReleaseRequest req = TIERKV__V1__RELEASE_REQUEST__INIT;
+        req.lease_id = l->id;
+        Tierkv__V1__ReleaseResponse *resp = NULL;
+        rc = UNARY(c, "Release", &req, Tierkv__V1__ReleaseResponse,
+                   tierkv__v1__release_response__descriptor, &resp, c->timeout_ms);
+        if (resp)
+            protobuf_c_message_free_unpacked(&resp->base, NULL);
+    }
+    lease_free(l);
+    return rc;
+}
+
+static int prefetch_call(kvc_client *c, kvc_lease *l, int tier, bool wait, uint32_t timeout_ms,
+                         uint64_t *ticket)
+{
+    if (!c || !l)
+        return fail(KVC_EINVAL, "client or lease is NULL");
+    if (tier != KVC_TIER_L2 && tier != KVC_TIER_L1)
+        return fail(KVC_EINVAL, "prefetch target tier must be L1 or L2, not %s",
+                    kvc_tier_name(tier));
+    if (l->id == 0) /* nothing hit: nothing to promote */
+        return KVC_OK;
+    Tierkv__V1__PrefetchRequest req = TIERKV__V1__PREFETCH_REQUEST__INIT;
+    req.lease_id = l->id;
+    req.tier = (Tierkv__V1__Tier)tier;
+    req.wait = wait;
+    req.timeout_ms = timeout_ms;
+    Tierkv__V1__PrefetchResponse *resp = NULL;
+    /* the RPC deadline leaves the daemon room to answer DEADLINE_EXCEEDED itself */
+    uint32_t rpc_ms = !wait ? c->timeout_ms : timeout_ms ? timeout_ms + c->timeout_ms : 0;
+    int rc = UNARY(c, "Prefetch", &req, Tierkv__V1__PrefetchResponse,
+                   tierkv__v1__prefetch_response__descriptor, &resp, rpc_ms);
+    if (rc != KVC_OK)
+        return rc;
+    if (ticket)
+        *ticket = resp->ticket;
+    if (wait) {
+        if (resp->n_blocks > l->num_blocks) {
+            rc = fail(KVC_EPROTO, "Prefetch answered %zu locations for a lease of %u blocks",
+                      resp->n_blocks, l->num_blocks);
+        } else {
+            lease_set_locs(l, resp->blocks, resp->n_blocks);
+            if (resp->n_blocks < l->num_blocks) {
+                /* blocks that failed their checksum were dropped: the prefix ends before */
+                l->num_blocks = (uint32_t)resp->n_blocks;
+                rc = fail(KVC_EDATALOSS, "Prefetch: lease %llu now covers %zu blocks",
+                          (unsigned long long)l->id, resp->n_blocks);
+            }
+        }
+    }
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return rc;
+}
+
+int kvc_prefetch(kvc_client *c, kvc_lease *l, int tier, uint64_t *ticket)
+{
+    return prefetch_call(c, l, tier, false, 0, ticket);
+}
+
+int kvc_wait(kvc_client *c, kvc_lease *l, int tier, uint32_t timeout_ms)
+{
+    return prefetch_call(c, l, tier, true, timeout_ms, NULL);
+}
+
+const void *kvc_lease_block_ptr(const kvc_client *c, const kvc_lease *l, uint32_t i)
+{
+    if (!c || !l || !c->pool || i >= l->num_blocks || !l->in_l2[i])
+        return NULL;
+    uint64_t off = l->l2_offset[i];
+    if (off > c->pool_bytes || c->pool_bytes - off < c->block_bytes)
+        return NULL; /* an offset outside the pool is never dereferenced */
+    return c->pool + off;
+}
+
+/* By-value Get of lease blocks [first, first + count) into dst, split into messages that
+ * stay under the size limit. */
+static int get_by_value(kvc_client *c, const kvc_lease *l, uint32_t first, uint32_t count,
+                        uint8_t *dst)
+{
+    uint32_t per_msg = c->blocks_per_msg;
+    while (count > 0) {
+        uint32_t n = count < per_msg ? count : per_msg;
+        Tierkv__V1__GetRequest req = TIERKV__V1__GET_REQUEST__INIT;
+        req.lease_id = l->id;
+        req.first = first;
+        req.count = n;
+        Tierkv__V1__GetResponse *resp = NULL;
+        int rc = UNARY(c, "Get", &req, Tierkv__V1__GetResponse,
+                       tierkv__v1__get_response__descriptor, &resp, c->timeout_ms);
+        if (rc != KVC_OK)
+            return rc;
+        if (resp->n_blocks != n) {
+            rc = fail(KVC_EPROTO, "Get answered %zu blocks for %u asked", resp->n_blocks, n);
+        } else {
+            for (uint32_t i = 0; i < n && rc == KVC_OK; i++) {
+                if (resp->blocks[i].len != c->block_bytes)
+                    rc = fail(KVC_EPROTO, "Get block %u has %zu bytes, expected %zu",
+                              first + i, resp->blocks[i].len, c->block_bytes);
+                else
+                    memcpy(dst + (size_t)i * c->block_bytes, resp->blocks[i].data,
+                           c->block_bytes);
+            }
+        }
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+        if (rc != KVC_OK)
+            return rc;
+        first += n;
+        count -= n;
+        dst += (size_t)n * c->block_bytes;
+    }
+    return KVC_OK;
+}
+
+int kvc_get(kvc_client *c, const kvc_lease *l, uint32_t first, uint32_t count, void *dst,
+            size_t dst_len)
+{
+    if (!c || !l || !dst)
+        return fail(KVC_EINVAL, "client, lease or destination is NULL");
+    if (first > l->num_blocks)
+        return fail(KVC_EINVAL, "first block %u beyond the lease's %u blocks", first,
+                    l->num_blocks);
+    if (count == 0)
+        count = l->num_blocks - first;
+    if (count > l->num_blocks - first)
+        return fail(KVC_EINVAL, "blocks %u..%u beyond the lease's %u blocks", first,
+                    first + count - 1, l->num_blocks);
+    if (dst_len / c->block_bytes < count)
+        return fail(KVC_EINVAL, "destination of %zu bytes is smaller than %u blocks of %zu",
+                    dst_len, count, c->block_bytes);
+    uint8_t *out = dst;
+    uint32_t i = first, end = first + count;
+    while (i < end) {
+        const void *p = kvc_lease_block_ptr(c, l, i);
+        if (p) {
+            /* mapped: the lease pins the block in L2, so its slot cannot be reused under us */
+            memcpy(out + (size_t)(i - first) * c->block_bytes, p, c->block_bytes);
+            i++;
+            continue;
+        }
+        uint32_t j = i + 1;
+        while (j < end && !kvc_lease_block_ptr(c, l, j))
+            j++;
+        int rc = get_by_value(c, l, i, j - i, out + (size_t)(i - first) * c->block_bytes);
+        if (rc != KVC_OK)
+            return rc;
+        i = j;
+    }
+    return KVC_OK;
+}
+
+/* =========================================================================================
+ * put, alloc / write / commit
+ * ========================================================================================= */
+
+int kvc_put(kvc_client *c, const uint32_t *tokens, size_t num_tokens, uint32_t first_block,
+            const void *payloads, uint32_t num_blocks, kvc_put_result *res)
+{
+    int rc = check_tokens(c, tokens, num_tokens);
+    if (rc != KVC_OK)
+        return rc;
+    if (res)
+        memset(res, 0, sizeof(*res));
+    if (num_blocks == 0)
+        return KVC_OK;
+    if (!payloads)
+        return fail(KVC_EINVAL, "payloads is NULL");
+    if (((uint64_t)first_block + num_blocks) * c->block_tokens > num_tokens)
+        return fail(KVC_EINVAL, "blocks %u..%u need %llu tokens, got %zu", first_block,
+                    first_block + num_blocks - 1,
+                    (unsigned long long)((uint64_t)first_block + num_blocks) * c->block_tokens,
+                    num_tokens);
+    uint32_t per_msg = c->blocks_per_msg;
+    ProtobufCBinaryData *bins = tkv_xcalloc(per_msg, sizeof(*bins));
+    const uint8_t *src = payloads;
+    uint32_t done = 0;
+    while (done < num_blocks) {
+        uint32_t n = num_blocks - done < per_msg ? num_blocks - done : per_msg;
+        uint32_t first = first_block + done;
+        Tierkv__V1__PutRequest req = TIERKV__V1__PUT_REQUEST__INIT;
+        Tierkv__V1__BlockScope scope;
+        scope_init(c, &scope);
+        req.scope = &scope;
+        /* the prompt prefix through the last block of this message: the daemon derives the
+         * chain keys from it */
+        req.n_tokens = (size_t)(first + n) * c->block_tokens;
+        req.tokens = (uint32_t *)tokens;
+        req.first_block = first;
+        req.n_blocks = n;
+        for (uint32_t i = 0; i < n; i++) {
+            bins[i].data = (uint8_t *)src + (size_t)(done + i) * c->block_bytes;
+            bins[i].len = c->block_bytes;
+        }
+        req.blocks = bins;
+        Tierkv__V1__PutResponse *resp = NULL;
+        rc = UNARY(c, "Put", &req, Tierkv__V1__PutResponse, tierkv__v1__put_response__descriptor,
+                   &resp, c->timeout_ms);
+        if (rc != KVC_OK)
+            break;
+        if (res) {
+            res->num_stored += resp->num_stored;
+            res->num_duplicate += resp->num_duplicate;
+            res->num_rejected += resp->num_rejected;
+        }
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+        done += n;
+    }
+    free(bins);
+    return rc;
+}
+
+int kvc_alloc(kvc_client *c, uint32_t num_blocks, uint64_t *alloc_id, uint64_t *offsets)
+{
+    if (!c || !alloc_id)
+        return fail(KVC_EINVAL, "client or alloc_id is NULL");
+    if (num_blocks == 0)
+        return fail(KVC_EINVAL, "cannot allocate 0 blocks");
+    Tierkv__V1__AllocRequest req = TIERKV__V1__ALLOC_REQUEST__INIT;
+    Tierkv__V1__BlockScope scope;
+    scope_init(c, &scope);
+    req.scope = &scope;
+    req.num_blocks = num_blocks;
+    req.tier = TIERKV__V1__TIER__TIER_L2;
+    Tierkv__V1__AllocResponse *resp = NULL;
+    int rc = UNARY(c, "Alloc", &req, Tierkv__V1__AllocResponse,
+                   tierkv__v1__alloc_response__descriptor, &resp, c->timeout_ms);
+    if (rc != KVC_OK)
+        return rc;
+    if (resp->alloc_id == 0 || resp->n_offsets != num_blocks) {
+        rc = fail(KVC_EPROTO, "Alloc answered id %llu with %zu offsets for %u blocks",
+                  (unsigned long long)resp->alloc_id, resp->n_offsets, num_blocks);
+    } else {
+        *alloc_id = resp->alloc_id;
+        if (offsets)
+            memcpy(offsets, resp->offsets, num_blocks * sizeof(uint64_t));
+    }
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return rc;
+}
+
+int kvc_write(kvc_client *c, uint64_t alloc_id, uint32_t index, const void *payload, size_t len)
+{
+    if (!c || !payload)
+        return fail(KVC_EINVAL, "client or payload is NULL");
+    if (len != c->block_bytes)
+        return fail(KVC_EINVAL, "payload of %zu bytes, a block is %zu", len, c->block_bytes);
+    Tierkv__V1__WriteSlotRequest req = TIERKV__V1__WRITE_SLOT_REQUEST__INIT;
+    req.alloc_id = alloc_id;
+    req.index = index;
+    req.payload.data = (uint8_t *)payload;
+    req.payload.len = len;
+    Tierkv__V1__WriteSlotResponse *resp = NULL;
+    int rc = UNARY(c, "WriteSlot", &req, Tierkv__V1__WriteSlotResponse,
+                   tierkv__v1__write_slot_response__descriptor, &resp, c->timeout_ms);
+    if (resp)
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return rc;
+}
+
+int kvc_commit(kvc_client *c, uint64_t alloc_id, const uint32_t *tokens, size_t num_tokens,
+               uint32_t first_block, uint32_t num_blocks, kvc_put_result *res)
+{
+    int rc = check_tokens(c, tokens, num_tokens);
+    if (rc != KVC_OK)
+        return rc;
+    if (res)
+        memset(res, 0, sizeof(*res));
+    if (((uint64_t)first_block + num_blocks) * c->block_tokens > num_tokens)
+        return fail(KVC_EINVAL, "committing blocks %u..%u needs %llu tokens, got %zu",
+                    first_block, first_block + num_blocks - 1,
+                    (unsigned long long)((uint64_t)first_block + num_blocks) * c->block_tokens,
+                    num_tokens);
+    Tierkv__V1__CommitRequest req = TIERKV__V1__COMMIT_REQUEST__INIT;
+    Tierkv__V1__BlockScope scope;
+    scope_init(c, &scope);
+    req.scope = &scope;
+    req.alloc_id = alloc_id;
+    req.n_tokens = (size_t)(first_block + num_blocks) * c->block_tokens;
+    req.tokens = (uint32_t *)tokens;
+    req.first_block = first_block;
+    req.num_blocks = num_blocks;
+    Tierkv__V1__CommitResponse *resp = NULL;
+    rc = UNARY(c, "Commit", &req, Tierkv__V1__CommitResponse,
+               tierkv__v1__commit_response__descriptor, &resp, c->timeout_ms);
+    if (rc != KVC_OK)
+        return rc;
+    if (res) {
+        res->num_stored = resp->num_stored;
+        res->num_duplicate = resp->num_duplicate;
+    }
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return KVC_OK;
+}
+
+int kvc_abort(kvc_client *c, uint64_t alloc_id)
+{
+    if (!c || alloc_id == 0)
+        return fail(KVC_EINVAL, "client is NULL or allocation id is 0");
+    Tierkv__V1__ReleaseRequest req = TIERKV__V1__RELEASE_REQUEST__INIT;
+    req.alloc_id = alloc_id;
+    Tierkv__V1__ReleaseResponse *resp = NULL;
+    int rc = UNARY(c, "Release", &req, Tierkv__V1__ReleaseResponse,
+                   tierkv__v1__release_response__descriptor, &resp, c->timeout_ms);
+    if (resp)
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return rc;
+}
+
+/* =========================================================================================
+ * operations
+ * ========================================================================================= */
+
+int kvc_stats_get(kvc_client *c, kvc_stats *out)
+{
+    if (!c || !out)
+        return fail(KVC_EINVAL, "client or out is NULL");
+    Tierkv__V1__StatsRequest req = TIERKV__V1__STATS_REQUEST__INIT;
+    Tierkv__V1__StatsResponse *r = NULL;
+    int rc = UNARY(c, "Stats", &req, Tierkv__V1__StatsResponse,
+                   tierkv__v1__stats_response__descriptor, &r, c->timeout_ms);
+    if (rc != KVC_OK)
+        return rc;
+    memset(out, 0, sizeof(*out));
+    out->lookups = r->lookups;
+    out->hit_blocks = r->hit_blocks;
+    out->miss_blocks = r->miss_blocks;
+    out->hit_tokens = r->hit_tokens;
+    out->promotions = r->promotions;
+    out->promotion_bytes = r->promotion_bytes;
+    out->demotions = r->demotions;
+    out->demotion_bytes = r->demotion_bytes;
+    out->evictions = r->evictions;
+    out->checksum_failures = r->checksum_failures;
+    out->io_errors = r->io_errors;
+    out->leases_active = r->leases_active;
+    out->clients_connected = r->clients_connected;
+    out->lookup_p50_us = r->lookup_p50_us;
+    out->lookup_p99_us = r->lookup_p99_us;
+    out->uptime_s = r->uptime_s;
+    out->puts = r->puts;
+    out->put_blocks = r->put_blocks;
+    out->gets = r->gets;
+    out->get_bytes = r->get_bytes;
+    out->l3_readonly = r->l3_readonly ? 1 : 0;
+    copy_cstr(out->policy, sizeof(out->policy), r->policy);
+    for (int t = 0; t < 4; t++)
+        out->tiers[t].tier = t;
+    for (size_t i = 0; i < r->n_tiers; i++) {
+        const Tierkv__V1__TierStats *ts = r->tiers[i];
+        if (ts->tier < 0 || ts->tier > 3)
+            continue; /* a tier this client does not know yet */
+        kvc_tier_stats *d = &out->tiers[ts->tier];
+        d->blocks = ts->blocks;
+        d->bytes = ts->bytes;
+        d->capacity_blocks = ts->capacity_blocks;
+        d->hit_blocks = ts->hit_blocks;
+    }
+    if (r->geometry) {
+        const Tierkv__V1__Geometry *g = r->geometry;
+        out->num_layers = g->num_layers;
+        out->num_kv_heads = g->num_kv_heads;
+        out->head_dim = g->head_dim;
+        out->block_tokens = g->block_tokens;
+        out->block_bytes = g->block_bytes;
+        copy_cstr(out->kv_dtype, sizeof(out->kv_dtype), g->kv_dtype);
+        copy_cstr(out->scale_mode, sizeof(out->scale_mode), g->scale_mode);
+        copy_cstr(out->model_id, sizeof(out->model_id), g->model_id);
+    }
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+    return KVC_OK;
+}
+
+int kvc_health_get(kvc_client *c, kvc_health *out)
+{
+    if (!c || !out)
+        return fail(KVC_EINVAL, "client or out is NULL");
+    Tierkv__V1__HealthRequest req = TIERKV__V1__HEALTH_REQUEST__INIT;
+    Tierkv__V1__HealthResponse *r = NULL;
+    int rc = UNARY(c, "Health", &req, Tierkv__V1__HealthResponse,
+                   tierkv__v1__health_response__descriptor, &r, c->timeout_ms);
+    if (rc != KVC_OK)
+        return rc;
+    memset(out, 0, sizeof(*out));
+    copy_cstr(out->status, sizeof(out->status), r->status);
+    copy_cstr(out->version, sizeof(out->version), r->version);
+    size_t used = 0;
+    for (size_t i = 0; i < r->n_notes; i++) {
+        int n = snprintf(out->notes + used, sizeof(out->notes) - used, "%s%s", i ? "; " : "",
+                         r->notes[i] ? r->notes[i] : "");
+        if (n < 0 || (size_t)n >= sizeof(out->notes) - used)
+            break; /* truncated: the rest does not fit */
+        used += (size_t)n;
+    }
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+    return KVC_OK;
+}
+
+static void hex32(const ProtobufCBinaryData *b, char out[65])
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t n = b->len < 32 ? b->len : 32;
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = hex[b->data[i] >> 4];
+        out[2 * i + 1] = hex[b->data[i] & 15];
+    }
+    out[2 * n] = '\0';
+}
+
+int kvc_list_blocks(kvc_client *c, int tier, uint32_t limit, kvc_block_fn fn, void *arg,
+                    uint64_t *total)
+{
+    if (!c || !fn)
+        return fail(KVC_EINVAL, "client or callback is NULL");
+    if (tier < KVC_TIER_NONE || tier > KVC_TIER_L3)
+        return fail(KVC_EINVAL, "tier %d is not none, L1, L2 or L3", tier);
+    Tierkv__V1__ListBlocksRequest req = TIERKV__V1__LIST_BLOCKS_REQUEST__INIT;
+    req.limit = limit;
+    req.tier = (Tierkv__V1__Tier)tier;
+    Tierkv__V1__ListBlocksResponse *r = NULL;
+    int rc = UNARY(c, "ListBlocks", &req, Tierkv__V1__ListBlocksResponse,
+                   tierkv__v1__list_blocks_response__descriptor, &r, c->timeout_ms);
+    if (rc != KVC_OK)
+        return rc;
+    if (total)
+        *total = r->total;
+    for (size_t i = 0; i < r->n_blocks; i++) {
+        const Tierkv__V1__BlockInfo *b = r->blocks[i];
+        kvc_block_info bi;
+        memset(&bi, 0, sizeof(bi));
+        hex32(&b->key, bi.key_hex);
+        hex32(&b->parent, bi.parent_hex);
+        bi.depth = b->depth;
+        copy_cstr(bi.state, sizeof(bi.state), b->state);
+        bi.in_l2 = b->in_l2;
+        bi.in_l3 = b->in_l3;
+        bi.pins = b->pins;
+        bi.hits = b->hits;
+        bi.last_access_ms = b->last_access_ms;
+        if (fn(arg, &bi) != 0)
+            break;
+    }
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+    return KVC_OK;
+}
+
+int kvc_evict(kvc_client *c, int tier, const uint32_t *tokens, size_t num_tokens,
+              uint32_t *num_evicted, uint32_t *num_pinned)
+{
+    int rc = check_tokens(c, tokens, num_tokens);
+    if (rc != KVC_OK)
+        return rc;
+    if (tier != KVC_TIER_L2 && tier != KVC_TIER_L3)
+        return fail(KVC_EINVAL, "evict tier must be L2 or L3, not %s", kvc_tier_name(tier));
+    Tierkv__V1__EvictRequest req = TIERKV__V1__EVICT_REQUEST__INIT;
+    Tierkv__V1__BlockScope scope;
+    scope_init(c, &scope);
+    req.tier = (Tierkv__V1__Tier)tier;
+    req.scope = &scope;
+    req.n_tokens = num_tokens;
+    req.tokens = (uint32_t *)tokens;
+    Tierkv__V1__EvictResponse *r = NULL;
+    rc = UNARY(c, "Evict", &req, Tierkv__V1__EvictResponse, tierkv__v1__evict_response__descriptor,
+               &r, c->timeout_ms);
+    if (rc != KVC_OK)
+        return rc;
+    if (num_evicted)
+        *num_evicted = r->num_evicted;
+    if (num_pinned)
+        *num_pinned = r->num_pinned;
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+    return KVC_OK;
+}
+
+int kvc_flush(kvc_client *c)
+{
+    if (!c)
+        return fail(KVC_EINVAL, "client is NULL");
+    Tierkv__V1__FlushRequest req = TIERKV__V1__FLUSH_REQUEST__INIT;
+    Tierkv__V1__FlushResponse *r = NULL;
+    /* a flush waits for the disk: give it more than one ordinary call */
+    int rc = UNARY(c, "Flush", &req, Tierkv__V1__FlushResponse,
+                   tierkv__v1__flush_response__descriptor, &r, c->timeout_ms * 6);
+    if (r)
+        protobuf_c_message_free_unpacked(&r->base, NULL);
+    return rc;
+}
+
+/* Verify is the one server-streaming method: send the request, then read progress messages
+ * one batch at a time until the stream ends, then the status. */
+int kvc_verify(kvc_client *c, uint32_t timeout_ms, kvc_progress_fn fn, void *arg, uint64_t *bad)
+{
+    static const char method[] = "/tierkv.v1.Cache/Verify";
+    if (!c)
+        return fail(KVC_EINVAL, "client is NULL");
+    int rc = KVC_OK;
+    bool cancelled = false, got_any = false;
+    uint64_t last_bad = 0;
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+    grpc_call *call = grpc_channel_create_call(
+        c->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq, grpc_slice_from_static_string(method),
+        NULL, deadline_ms(timeout_ms), NULL);
+    Tierkv__V1__VerifyRequest req = TIERKV__V1__VERIFY_REQUEST__INIT;
+    grpc_byte_buffer *send = pack_message(&req.base);
+    grpc_metadata_array initial_md, trailing_md;
+    grpc_metadata_array_init(&initial_md);
+    grpc_metadata_array_init(&trailing_md);
+    grpc_status_code st = GRPC_STATUS_UNKNOWN;
+    grpc_slice details = grpc_empty_slice();
+    uintptr_t tag = 1;
+
+    grpc_op ops[4];
+    memset(ops, 0, sizeof(ops));
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = send;
+    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = &initial_md;
+    if (grpc_call_start_batch(call, ops, 4, (void *)tag, NULL) != GRPC_CALL_OK) {
+        rc = fail(KVC_EINTERNAL, "Verify: cannot start the call");
+        goto status;
+    }
+    grpc_completion_queue_pluck(cq, (void *)tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    for (;;) {
+        grpc_byte_buffer *recv = NULL;
+        grpc_op op;
+        memset(&op, 0, sizeof(op));
+        op.op = GRPC_OP_RECV_MESSAGE;
+        op.data.recv_message.recv_message = &recv;
+        tag++;
+        if (grpc_call_start_batch(call, &op, 1, (void *)tag, NULL) != GRPC_CALL_OK)
+            break;
+        grpc_completion_queue_pluck(cq, (void *)tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (!recv)
+            break; /* end of stream (or failure: the status tells) */
+        Tierkv__V1__VerifyProgress *p = (Tierkv__V1__VerifyProgress *)unpack_message(
+            recv, &tierkv__v1__verify_progress__descriptor);
+        grpc_byte_buffer_destroy(recv);
+        if (!p) {
+            rc = fail(KVC_EPROTO, "Verify: a progress message does not parse");
+            grpc_call_cancel(call, NULL);
+            break;
+        }
+        got_any = true;
+        last_bad = p->bad;
+        int stop = fn ? fn(arg, p->done, p->total, p->bad) : 0;
+        protobuf_c_message_free_unpacked(&p->base, NULL);
+        if (stop) {
+            cancelled = true;
+            grpc_call_cancel(call, NULL);
+            break;
+        }
+    }
+status:;
+    grpc_op sop;
+    memset(&sop, 0, sizeof(sop));
+    sop.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    sop.data.recv_status_on_client.trailing_metadata = &trailing_md;
+    sop.data.recv_status_on_client.status = &st;
+    sop.data.recv_status_on_client.status_details = &details;
+    tag++;
+    if (grpc_call_start_batch(call, &sop, 1, (void *)tag, NULL) == GRPC_CALL_OK)
+        grpc_completion_queue_pluck(cq, (void *)tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    if (rc == KVC_OK) {
+        if (cancelled)
+            rc = fail(KVC_ECANCELLED, "Verify: stopped by the progress callback");
+        else
+            rc = call_status("Verify", st, details);
+        if (rc == KVC_OK && !got_any)
+            rc = fail(KVC_EPROTO, "Verify: the stream ended without a progress message");
+    }
+    if (bad)
+        *bad = last_bad;
+    grpc_byte_buffer_destroy(send);
+    grpc_slice_unref(details);
+    grpc_metadata_array_destroy(&initial_md);
+    grpc_metadata_array_destroy(&trailing_md);
+    grpc_call_unref(call);
+    grpc_completion_queue_shutdown(cq);
+    grpc_completion_queue_destroy(cq);
+    return rc;
+}

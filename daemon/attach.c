@@ -1,0 +1,311 @@
+/* attach.c - the attach socket: memfd hand-over and connection-scoped leases
+ * (see tkvd_attach.h and proto/tkv_attach.h). */
+#include "tkvd_attach.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "tkv_attach.h"
+#include "tkv_base.h"
+
+#define kHelloTimeoutNs (5ull * 1000000000ull) /* a silent connection is dropped after 5 s */
+#define kMaxConns 4096
+
+typedef struct conn {
+    int fd;
+    uint64_t client_id;   /* 0 until the hello was accepted */
+    uint64_t opened_ns;
+} conn;
+
+struct tkvd_attach {
+    char *path;
+    int listen_fd, wake_fd;
+    tkv_store *store;
+    uint8_t fp[32];
+    tkvd_metrics *metrics;
+    pthread_t thread;
+    atomic_bool stop;
+    pthread_mutex_t mu;   /* guards conns/num_conns for tkvd_attach_client_live */
+    conn *conns;
+    size_t num_conns, cap_conns;
+    uint64_t next_id;
+};
+
+bool tkvd_attach_client_live(tkvd_attach *a, uint64_t client_id)
+{
+    if (!client_id)
+        return false;
+    bool live = false;
+    pthread_mutex_lock(&a->mu);
+    for (size_t i = 0; i < a->num_conns && !live; i++)
+        live = a->conns[i].client_id == client_id;
+    pthread_mutex_unlock(&a->mu);
+    return live;
+}
+
+/* Sends a reply; with the memfd attached when status is OK. */
+static int send_reply(tkvd_attach *a, int fd, const tkv_attach_reply *rep, bool with_fd)
+{
+    struct iovec iov = {.iov_base = (void *)rep, .iov_len = sizeof(*rep)};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } ctl;
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (with_fd) {
+        memset(&ctl, 0, sizeof(ctl));
+        mh.msg_control = ctl.buf;
+        mh.msg_controllen = sizeof(ctl.buf);
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        int memfd = tkv_store_l2_fd(a->store);
+        memcpy(CMSG_DATA(cm), &memfd, sizeof(int));
+    }
+    ssize_t n = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    return n == (ssize_t)sizeof(*rep) ? 0 : -1;
+}
+
+static void reject(tkvd_attach *a, int fd, int status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void reject(tkvd_attach *a, int fd, int status, const char *fmt, ...)
+{
+    tkv_attach_reply rep;
+    memset(&rep, 0, sizeof(rep));
+    rep.magic = TKV_ATTACH_MAGIC;
+    rep.status = status;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(rep.message, sizeof(rep.message), fmt, ap);
+    va_end(ap);
+    TKV_LOG(TKV_LOG_INFO, "attach: refused a client: %s", rep.message);
+    send_reply(a, fd, &rep, false);
+}
+
+/* Handles the hello on conns[i]. Returns false if the connection must be closed. */
+static bool on_hello(tkvd_attach *a, size_t i)
+{
+    conn *c = &a->conns[i];
+    tkv_attach_hello h;
+    ssize_t n = recv(c->fd, &h, sizeof(h), MSG_DONTWAIT | MSG_TRUNC);
+    if (n == 0)
+        return false;
+    if (n < 0)
+        return errno == EAGAIN || errno == EINTR;
+    if (n != (ssize_t)sizeof(h)) {
+        reject(a, c->fd, TKV_EINVAL, "hello has %zd bytes, expected %zu", n, sizeof(h));
+        return false;
+    }
+    if (h.magic != TKV_ATTACH_MAGIC) {
+        reject(a, c->fd, TKV_EINVAL, "bad magic 0x%08x (expected 0x%08x)", h.magic, TKV_ATTACH_MAGIC);
+        return false;
+    }
+    if (h.version != TKV_ATTACH_VERSION) {
+        reject(a, c->fd, TKV_EUNSUPPORTED, "protocol version %u not supported (daemon speaks %u)",
+               h.version, TKV_ATTACH_VERSION);
+        return false;
+    }
+    if (h.flags != 0) {
+        reject(a, c->fd, TKV_EINVAL, "reserved flags 0x%x must be 0", h.flags);
+        return false;
+    }
+    if (memcmp(h.fingerprint, a->fp, sizeof(a->fp)) != 0) {
+        reject(a, c->fd, TKV_EGEOMETRY, "geometry mismatch: the client's fingerprint differs "
+               "from the daemon's");
+        return false;
+    }
+    tkv_attach_reply rep;
+    memset(&rep, 0, sizeof(rep));
+    rep.magic = TKV_ATTACH_MAGIC;
+    rep.status = TKV_OK;
+    pthread_mutex_lock(&a->mu);
+    rep.client_id = a->next_id++;
+    pthread_mutex_unlock(&a->mu);
+    rep.l2_bytes = tkv_store_l2_bytes(a->store);
+    rep.block_bytes = tkv_store_block_bytes(a->store);
+    rep.block_tokens = tkv_store_block_tokens(a->store);
+    rep.flags = 0; /* no L1 pool yet */
+    if (send_reply(a, c->fd, &rep, true) != 0) {
+        TKV_LOG(TKV_LOG_INFO, "attach: could not answer pid %u: %s", h.pid, strerror(errno));
+        return false;
+    }
+    pthread_mutex_lock(&a->mu);
+    c->client_id = rep.client_id;
+    pthread_mutex_unlock(&a->mu);
+    atomic_fetch_add_explicit(&a->metrics->clients_connected, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&a->metrics->clients_total, 1, memory_order_relaxed);
+    TKV_LOG(TKV_LOG_INFO, "attach: client %llu (pid %u) attached", (unsigned long long)rep.client_id,
+            h.pid);
+    return true;
+}
+
+static void close_conn(tkvd_attach *a, size_t i)
+{
+    pthread_mutex_lock(&a->mu);
+    conn c = a->conns[i];
+    a->conns[i] = a->conns[--a->num_conns];
+    pthread_mutex_unlock(&a->mu);
+    close(c.fd);
+    if (c.client_id) {
+        size_t n = tkv_store_release_owner(a->store, c.client_id);
+        atomic_fetch_sub_explicit(&a->metrics->clients_connected, 1, memory_order_relaxed);
+        TKV_LOG(TKV_LOG_INFO, "attach: client %llu detached; %zu leases/allocations released",
+                (unsigned long long)c.client_id, n);
+    }
+}
+
+static void accept_new(tkvd_attach *a)
+{
+    for (;;) {
+        int fd = accept4(a->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) {
+            if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+                TKV_LOG(TKV_LOG_WARN, "attach: accept: %s", strerror(errno));
+            return;
+        }
+        if (a->num_conns >= kMaxConns) {
+            reject(a, fd, TKV_ENOMEM, "too many attached clients (%d)", kMaxConns);
+            close(fd);
+            continue;
+        }
+        pthread_mutex_lock(&a->mu);
+        if (a->num_conns == a->cap_conns) {
+            a->cap_conns = a->cap_conns ? 2 * a->cap_conns : 16;
+            a->conns = tkv_xrealloc(a->conns, a->cap_conns * sizeof(*a->conns));
+        }
+        a->conns[a->num_conns++] = (conn){.fd = fd, .client_id = 0, .opened_ns = tkv_now_ns()};
+        pthread_mutex_unlock(&a->mu);
+    }
+}
+
+static void *attach_main(void *arg)
+{
+    tkvd_attach *a = arg;
+    struct pollfd *pfds = NULL;
+    size_t cap = 0;
+    while (!atomic_load(&a->stop)) {
+        /* Only this thread changes the set, so reading num_conns unlocked here is safe. */
+        size_t n = a->num_conns;
+        if (cap < n + 2) {
+            cap = 2 * (n + 2);
+            pfds = tkv_xrealloc(pfds, cap * sizeof(*pfds));
+        }
+        pfds[0] = (struct pollfd){.fd = a->listen_fd, .events = POLLIN};
+        pfds[1] = (struct pollfd){.fd = a->wake_fd, .events = POLLIN};
+        for (size_t i = 0; i < n; i++)
+            pfds[i + 2] = (struct pollfd){.fd = a->conns[i].fd, .events = POLLIN};
+        int rc = poll(pfds, n + 2, 1000);
+        if (rc < 0 && errno != EINTR) {
+            TKV_LOG(TKV_LOG_ERROR, "attach: poll: %s", strerror(errno));
+            break;
+        }
+        uint64_t now = tkv_now_ns();
+        /* Walk backwards: close_conn moves the last entry into the freed slot. */
+        for (size_t i = n; i-- > 0;) {
+            conn *c = &a->conns[i];
+            short re = rc > 0 ? pfds[i + 2].revents : 0;
+            bool keep = true;
+            if (c->client_id == 0) {
+                if (re & POLLIN)
+                    keep = on_hello(a, i);
+                else if (re & (POLLHUP | POLLERR | POLLNVAL))
+                    keep = false;
+                else if (now - c->opened_ns > kHelloTimeoutNs) {
+                    reject(a, c->fd, TKV_ETIMEDOUT, "no hello within 5 s");
+                    keep = false;
+                }
+            } else if (re & (POLLIN | POLLHUP | POLLERR | POLLNVAL)) {
+                /* Attached connections are silent: anything readable is EOF or a protocol
+                 * violation; either way the client is done. */
+                char b;
+                ssize_t got = recv(c->fd, &b, 1, MSG_DONTWAIT);
+                keep = got < 0 && (errno == EAGAIN || errno == EINTR) && !(re & (POLLHUP | POLLERR));
+            }
+            if (!keep)
+                close_conn(a, i);
+        }
+        if (rc > 0 && (pfds[0].revents & POLLIN))
+            accept_new(a);
+    }
+    free(pfds);
+    while (a->num_conns)
+        close_conn(a, a->num_conns - 1);
+    return NULL;
+}
+
+int tkvd_attach_start(const char *path, tkv_store *store, const uint8_t fingerprint[32],
+                      tkvd_metrics *metrics, tkvd_attach **out)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof(sa.sun_path)) {
+        TKV_LOG(TKV_LOG_ERROR, "attach: socket path too long: %s", path);
+        return TKV_EINVAL;
+    }
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    tkvd_attach *a = tkv_xcalloc(1, sizeof(*a));
+    a->path = tkv_xstrdup(path);
+    a->store = store;
+    memcpy(a->fp, fingerprint, 32);
+    a->metrics = metrics;
+    /* Client ids start high and differ per daemon start, so an id from a previous daemon
+     * life does not name a new client by accident. */
+    a->next_id = ((tkv_wall_ms() & 0xffffffu) << 24) | 1u;
+    pthread_mutex_init(&a->mu, NULL);
+    a->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    a->listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (a->wake_fd < 0 || a->listen_fd < 0) {
+        TKV_LOG(TKV_LOG_ERROR, "attach: socket: %s", strerror(errno));
+        goto fail;
+    }
+    unlink(path); /* a stale socket of a dead daemon (the pid file proved it dead) */
+    if (bind(a->listen_fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(a->listen_fd, 128) != 0) {
+        TKV_LOG(TKV_LOG_ERROR, "attach: cannot listen on %s: %s", path, strerror(errno));
+        goto fail;
+    }
+    if (pthread_create(&a->thread, NULL, attach_main, a) != 0) {
+        TKV_LOG(TKV_LOG_ERROR, "attach: cannot start its thread");
+        unlink(path);
+        goto fail;
+    }
+    TKV_LOG(TKV_LOG_INFO, "attach: listening on %s", path);
+    *out = a;
+    return TKV_OK;
+fail:
+    if (a->listen_fd >= 0)
+        close(a->listen_fd);
+    if (a->wake_fd >= 0)
+        close(a->wake_fd);
+    pthread_mutex_destroy(&a->mu);
+    free(a->path);
+    free(a);
+    return TKV_EIO;
+}
+
+void tkvd_attach_stop(tkvd_attach *a)
+{
+    if (!a)
+        return;
+    atomic_store(&a->stop, true);
+    uint64_t one = 1;
+    if (write(a->wake_fd, &one, sizeof(one)) != sizeof(one))
+        TKV_LOG(TKV_LOG_WARN, "attach: wake-up write failed: %s", strerror(errno));
+    pthread_join(a->thread, NULL);
+    close(a->listen_fd);
+    close(a->wake_fd);
+    unlink(a->path);
+    free(a->conns);
+    pthread_mutex_destroy(&a->mu);
+    free(a->path);
+    free(a);
+}

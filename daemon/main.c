@@ -1,0 +1,523 @@
+/* main.c - tierkvd: configuration, start-up order, signals, and the orderly stop.
+ *
+ * Start:  config (defaults < file < flags) -> folders -> [detach] -> pid file lock -> log ->
+ *         store (L2 pool + L3 index) -> attach socket -> gRPC server -> HTTP -> "ready".
+ * Stop (SIGTERM/SIGINT): Health says "stopping"; the gRPC server stops accepting and drains
+ *         in-flight calls; HTTP and attach close (attached clients' leases are released); the
+ *         store closes, finishing write-backs and closing RocksDB; sockets and pid file are
+ *         removed; exit 0. SIGHUP reopens the log file.
+ * Signals are blocked in every thread and taken synchronously by main() with sigwait, so no
+ * handler runs in the middle of gRPC or the store.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "tkv_base.h"
+#include "tkv_l3.h"
+#include "tkv_policy.h"
+#include "tkv_store.h"
+#include "tkvd_attach.h"
+#include "tkvd_config.h"
+#include "tkvd_http.h"
+#include "tkvd_metrics.h"
+#include "tkvd_server.h"
+#include "tkvd_service.h"
+
+#ifndef TKVD_VERSION
+#define TKVD_VERSION "0.0.0"
+#endif
+
+/* Exit codes (docs/config.md): 0 clean stop, 1 runtime failure, 2 bad configuration or usage,
+ * 3 another daemon holds the pid file. */
+enum { EXIT_RUNTIME = 1, EXIT_CONFIG = 2, EXIT_RUNNING = 3 };
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: tierkvd [--config FILE] [--foreground] [--KEY VALUE | --KEY=VALUE]...\n"
+            "\n"
+            "tierkvd serves the tierkv KV cache (gRPC on a UNIX socket, shared-memory attach,\n"
+            "HTTP /metrics). Without a config file it runs the embedded default: host memory +\n"
+            "a local store in ./tierkv-data, demo geometry, sockets in the run folder.\n"
+            "\n"
+            "options:\n"
+            "  --config FILE        read `key = value` lines from FILE (flags override it)\n"
+            "  --foreground         stay in the foreground, log to stderr\n"
+            "  --KEY VALUE          set any configuration key (dashes or underscores)\n"
+            "  --no-KEY             turn a boolean key off (e.g. --no-http)\n"
+            "  --check-config       validate, print the effective configuration, exit\n"
+            "  --version            print the version\n"
+            "  --help               this text\n"
+            "\n"
+            "keys (docs/config.md has the details):\n");
+    tkvd_config_print_keys(f);
+    fprintf(f,
+            "\n"
+            "common flags: --data-dir, --run-dir, --l2-bytes, --http-port, --log-level.\n"
+            "exit codes: 0 stopped cleanly, 1 runtime failure, 2 bad configuration, 3 already\n"
+            "running (pid file held).\n");
+}
+
+/* ---- command line --------------------------------------------------------------------------- */
+
+typedef struct cli {
+    const char *config_path;
+    bool check_only;
+} cli;
+
+/* "--data-dir" -> "data_dir" in buf. */
+static void flag_key(const char *flag, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s", flag);
+    for (char *p = buf; *p; p++)
+        if (*p == '-')
+            *p = '_';
+}
+
+/* Pass 1 finds --config/--help/--version/--check-config; pass 2 (apply = true) sets keys, so
+ * flags override the file whatever their position. Returns -1 to exit 0, or an exit code. */
+static int parse_args(int argc, char **argv, tkvd_config *cfg, cli *cl, bool apply)
+{
+    char err[TKVD_ERR_LEN];
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strncmp(arg, "--", 2) != 0) {
+            fprintf(stderr, "tierkvd: unexpected argument '%s' (see --help)\n", arg);
+            return EXIT_CONFIG;
+        }
+        const char *name = arg + 2;
+        const char *value = NULL;
+        char key[128];
+        const char *eq = strchr(name, '=');
+        if (eq) {
+            snprintf(key, sizeof(key), "%.*s", (int)(eq - name), name);
+            value = eq + 1;
+        } else {
+            snprintf(key, sizeof(key), "%s", name);
+        }
+        if (strcmp(key, "help") == 0) {
+            if (!apply) {
+                usage(stdout);
+                return -1;
+            }
+            continue;
+        }
+        if (strcmp(key, "version") == 0) {
+            if (!apply) {
+                printf("tierkvd %s\n", TKVD_VERSION);
+                return -1;
+            }
+            continue;
+        }
+        if (strcmp(key, "check-config") == 0) {
+            cl->check_only = true;
+            continue;
+        }
+        if (strcmp(key, "config") == 0) {
+            if (!value) {
+                if (i + 1 >= argc) {
+                    fprintf(stderr, "tierkvd: --config needs a file\n");
+                    return EXIT_CONFIG;
+                }
+                value = argv[++i];
+            }
+            cl->config_path = value;
+            continue;
+        }
+        char ckey[128];
+        flag_key(key, ckey, sizeof(ckey));
+        if (strncmp(ckey, "no_", 3) == 0 && !value && tkvd_config_key_is_bool(ckey + 3)) {
+            if (apply && tkvd_config_set(cfg, ckey + 3, "off", arg, err, sizeof(err)) != TKV_OK) {
+                fprintf(stderr, "tierkvd: %s\n", err);
+                return EXIT_CONFIG;
+            }
+            continue;
+        }
+        if (!tkvd_config_has_key(ckey)) {
+            fprintf(stderr, "tierkvd: %s: unknown option (see --help)\n", arg);
+            return EXIT_CONFIG;
+        }
+        if (!value) {
+            if (tkvd_config_key_is_bool(ckey) &&
+                (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0)) {
+                value = "on";
+            } else if (i + 1 >= argc) {
+                fprintf(stderr, "tierkvd: %s needs a value\n", arg);
+                return EXIT_CONFIG;
+            } else {
+                value = argv[++i];
+            }
+        }
+        if (apply && tkvd_config_set(cfg, ckey, value, arg, err, sizeof(err)) != TKV_OK) {
+            fprintf(stderr, "tierkvd: %s\n", err);
+            return EXIT_CONFIG;
+        }
+    }
+    return 0;
+}
+
+/* ---- folders, pid file, detaching ------------------------------------------------------------ */
+
+static int mkdir_p(const char *path, mode_t mode)
+{
+    char buf[PATH_MAX];
+    if (snprintf(buf, sizeof(buf), "%s", path) >= (int)sizeof(buf)) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = 0;
+        if (mkdir(buf, mode) != 0 && errno != EEXIST)
+            return -1;
+        *p = '/';
+    }
+    if (mkdir(buf, mode) != 0 && errno != EEXIST)
+        return -1;
+    struct stat st;
+    if (stat(buf, &st) != 0)
+        return -1;
+    if (!S_ISDIR(st.st_mode)) {
+        errno = ENOTDIR;
+        return -1;
+    }
+    return 0;
+}
+
+/* Locks the pid file (flock: released by the kernel when the daemon dies, so a stale file
+ * never blocks a start). Returns the fd, -1 on error, -2 if a live daemon holds it. */
+static int lock_pid_file(const char *path, long *holder)
+{
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return -1;
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        char buf[32] = {0};
+        ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
+        *holder = n > 0 ? strtol(buf, NULL, 10) : 0;
+        close(fd);
+        return -2;
+    }
+    return fd;
+}
+
+static int write_pid(int fd)
+{
+    char buf[32];
+    int n = snprintf(buf, sizeof(buf), "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, buf, (size_t)n, 0) != n)
+        return -1;
+    return 0;
+}
+
+/* Forks; the parent waits for the child to report start-up (one byte: its exit code) and
+ * exits with it, so `tierkvd` returns only when the daemon serves or has failed. */
+static int detach(int *ready_fd)
+{
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) != 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid > 0) {
+        close(p[1]);
+        unsigned char code = EXIT_RUNTIME;
+        ssize_t n;
+        do
+            n = read(p[0], &code, 1);
+        while (n < 0 && errno == EINTR);
+        _exit(n == 1 ? code : EXIT_RUNTIME);
+    }
+    close(p[0]);
+    setsid();
+    /* stderr stays the terminal's until the log file is open (release_stderr), so start-up
+     * errors still reach whoever started the daemon. */
+    int devnull = open("/dev/null", O_RDWR);
+    if (devnull >= 0) {
+        dup2(devnull, STDIN_FILENO);
+        dup2(devnull, STDOUT_FILENO);
+        if (devnull > STDERR_FILENO)
+            close(devnull);
+    }
+    *ready_fd = p[1];
+    return 0;
+}
+
+static void release_stderr(void)
+{
+    int devnull = open("/dev/null", O_WRONLY);
+    if (devnull >= 0) {
+        dup2(devnull, STDERR_FILENO);
+        if (devnull > STDERR_FILENO)
+            close(devnull);
+    }
+}
+
+static void report_ready(int *ready_fd, unsigned char code)
+{
+    if (*ready_fd < 0)
+        return;
+    if (write(*ready_fd, &code, 1) != 1)
+        TKV_LOG(TKV_LOG_WARN, "could not report start-up to the parent: %s", strerror(errno));
+    close(*ready_fd);
+    *ready_fd = -1;
+}
+
+static void write_http_file(const char *path, const char *addr, uint16_t port)
+{
+    char tmp[PATH_MAX + 8];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f || fprintf(f, "%s:%u\n", addr, (unsigned)port) < 0 || fclose(f) != 0 ||
+        rename(tmp, path) != 0)
+        TKV_LOG(TKV_LOG_WARN, "cannot write %s: %s", path, strerror(errno));
+}
+
+/* ---- main ------------------------------------------------------------------------------------- */
+
+int main(int argc, char **argv)
+{
+    tkvd_config cfg;
+    cli cl = {0};
+    char err[TKVD_ERR_LEN];
+    int code = EXIT_RUNTIME;
+    int pid_fd = -1, ready_fd = -1;
+    bool log_open = false;
+    tkv_store_opts *so = NULL;
+    tkv_store *store = NULL;
+    tkvd_attach *attach = NULL;
+    tkvd_server *server = NULL;
+    tkvd_http *http = NULL;
+    char http_file[PATH_MAX];
+    http_file[0] = 0;
+    tkvd_metrics metrics;
+    tkvd_metrics_init(&metrics);
+    tkvd_service svc = {0};
+
+    tkvd_config_init(&cfg);
+    int rc = parse_args(argc, argv, &cfg, &cl, false);
+    if (rc != 0) {
+        tkvd_config_free(&cfg);
+        return rc < 0 ? 0 : rc;
+    }
+    if (cl.config_path) {
+        rc = tkvd_config_load(&cfg, cl.config_path, err, sizeof(err));
+        if (rc != TKV_OK) {
+            fprintf(stderr, "tierkvd: %s\n", err);
+            tkvd_config_free(&cfg);
+            return EXIT_CONFIG;
+        }
+    }
+    rc = parse_args(argc, argv, &cfg, &cl, true);
+    if (rc == 0 && tkvd_config_finish(&cfg, err, sizeof(err)) != TKV_OK) {
+        fprintf(stderr, "tierkvd: %s\n", err);
+        rc = EXIT_CONFIG;
+    }
+    if (rc != 0) {
+        tkvd_config_free(&cfg);
+        return rc;
+    }
+    if (cl.check_only) {
+        tkvd_config_print(&cfg, stdout);
+        printf("# block_bytes = %zu, l2 = %" PRIu64 " blocks\n", cfg.block_bytes,
+               tkvd_config_l2_blocks(&cfg));
+        tkvd_config_free(&cfg);
+        return 0;
+    }
+
+    tkv_log_level = cfg.log_level;
+    if (mkdir_p(cfg.data_dir, 0750) != 0) {
+        fprintf(stderr, "tierkvd: data_dir %s: %s\n", cfg.data_dir, strerror(errno));
+        code = EXIT_CONFIG;
+        goto out;
+    }
+    if (mkdir_p(cfg.run_dir, 0755) != 0) {
+        fprintf(stderr, "tierkvd: run_dir %s: %s\n", cfg.run_dir, strerror(errno));
+        code = EXIT_CONFIG;
+        goto out;
+    }
+    /* Check the lock before detaching so that "already running" reaches the terminal. */
+    long holder = 0;
+    pid_fd = lock_pid_file(cfg.pid_file, &holder);
+    if (pid_fd == -2) {
+        fprintf(stderr, "tierkvd: another tierkvd (pid %ld) is running with pid file %s\n",
+                holder, cfg.pid_file);
+        code = EXIT_RUNNING;
+        goto out;
+    }
+    if (pid_fd < 0) {
+        fprintf(stderr, "tierkvd: pid file %s: %s\n", cfg.pid_file, strerror(errno));
+        goto out;
+    }
+    if (!cfg.foreground) {
+        /* flock belongs to the open file description, which the child shares: the lock
+         * survives the parent's exit. gRPC is not initialised yet, so fork is safe. */
+        if (detach(&ready_fd) != 0) {
+            fprintf(stderr, "tierkvd: cannot detach: %s\n", strerror(errno));
+            goto out;
+        }
+    }
+    if (write_pid(pid_fd) != 0) {
+        fprintf(stderr, "tierkvd: pid file %s: %s\n", cfg.pid_file, strerror(errno));
+        goto out;
+    }
+    if (tkv_log_open(*cfg.log_file ? cfg.log_file : NULL) != TKV_OK) {
+        fprintf(stderr, "tierkvd: cannot open log file %s\n", cfg.log_file);
+        code = EXIT_CONFIG;
+        goto out;
+    }
+    log_open = true;
+    if (!cfg.foreground)
+        release_stderr();
+
+    /* Every thread created from here inherits this mask; main takes the signals with sigwait. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    TKV_LOG(TKV_LOG_INFO, "tierkvd %s starting: model '%s', %u layers, %u kv heads, head dim %u, "
+            "%u tokens/block, %s, %s; block %zu bytes; l2 %" PRIu64 " blocks; l3 %s",
+            TKVD_VERSION, cfg.geometry.model_id, cfg.geometry.num_layers, cfg.geometry.num_kv_heads,
+            cfg.geometry.head_dim, cfg.geometry.block_tokens, tkvd_dtype_name(cfg.geometry.dtype),
+            tkvd_scale_mode_name(cfg.geometry.scale_mode), cfg.block_bytes,
+            tkvd_config_l2_blocks(&cfg), cfg.l3_enabled ? cfg.l3_dir : "off");
+
+    so = tkv_store_opts_new();
+    if (tkv_store_opts_set_block(so, cfg.block_bytes, cfg.geometry.block_tokens) != TKV_OK ||
+        tkv_store_opts_set_fingerprint(so, cfg.fingerprint) != TKV_OK ||
+        tkv_store_opts_set_l2_blocks(so, tkvd_config_l2_blocks(&cfg)) != TKV_OK ||
+        tkv_store_opts_set_l3(so, cfg.l3_enabled ? cfg.l3_dir : NULL, cfg.l3_capacity_bytes) != TKV_OK ||
+        tkv_store_opts_set_l3_zstd_level(so, cfg.zstd_level) != TKV_OK ||
+        tkv_store_opts_set_l3_io_mode(so, cfg.io_mode) != TKV_OK ||
+        tkv_store_opts_set_write_through(so, cfg.write_through) != TKV_OK ||
+        tkv_store_opts_set_policy(so, cfg.policy) != TKV_OK ||
+        tkv_store_opts_set_workers(so, cfg.store_workers) != TKV_OK ||
+        tkv_store_opts_set_lease_ttl_ms(so, cfg.lease_ttl_ms, cfg.lease_ttl_max_ms) != TKV_OK) {
+        TKV_LOG(TKV_LOG_ERROR, "the store refused the configuration (see the lines above)");
+        code = EXIT_CONFIG;
+        goto out;
+    }
+    rc = tkv_store_open(so, &store);
+    if (rc == TKV_EGEOMETRY) {
+        TKV_LOG(TKV_LOG_ERROR, "l3_dir %s holds blocks of another geometry or model; use another "
+                "data_dir/l3_dir or the geometry it was made with", cfg.l3_dir);
+        code = EXIT_CONFIG;
+        goto out;
+    }
+    if (rc != TKV_OK) {
+        TKV_LOG(TKV_LOG_ERROR, "cannot open the store: %s", tkv_strerror(rc));
+        goto out;
+    }
+
+    if (tkvd_attach_start(cfg.attach_socket, store, cfg.fingerprint, &metrics, &attach) != TKV_OK)
+        goto out;
+
+    svc.store = store;
+    svc.cfg = &cfg;
+    svc.metrics = &metrics;
+    svc.attach = attach;
+    svc.version = TKVD_VERSION;
+    atomic_init(&svc.stopping, false);
+
+    tkvd_server_opts sopts = {
+        .unix_path = cfg.grpc_socket,
+        .tcp_addr = cfg.grpc_tcp,
+        .tls_cert_file = cfg.tls_cert,
+        .tls_key_file = cfg.tls_key,
+        .cq_threads = cfg.cq_threads,
+        .workers = cfg.rpc_workers,
+        .max_recv_bytes = tkvd_service_max_recv_bytes(&cfg),
+        .max_send_bytes = tkvd_service_max_send_bytes(&cfg),
+        .drain_timeout_ms = cfg.drain_timeout_ms,
+        .ctx = &svc,
+        .metrics = &metrics,
+    };
+    sopts.methods = tkvd_service_methods(&sopts.num_methods);
+    if (tkvd_server_start(&sopts, &server) != TKV_OK)
+        goto out;
+    TKV_LOG(TKV_LOG_INFO, "grpc: messages up to %zu bytes in, %zu out (%u blocks per rpc)",
+            sopts.max_recv_bytes, sopts.max_send_bytes, cfg.max_blocks_per_rpc);
+
+    tkvd_http_source hsrc = {
+        .store = store,
+        .metrics = &metrics,
+        .geometry = &cfg.geometry,
+        .policy_name = cfg.policy,
+        .version = TKVD_VERSION,
+    };
+    if (cfg.http_enabled) {
+        if (tkvd_http_start(cfg.http_address, (uint16_t)cfg.http_port, &hsrc, &http) != TKV_OK) {
+            TKV_LOG(TKV_LOG_ERROR, "http: cannot listen on %s:%u", cfg.http_address, cfg.http_port);
+            goto out;
+        }
+        uint16_t port = tkvd_http_port(http);
+        snprintf(http_file, sizeof(http_file), "%s/tierkvd.http", cfg.run_dir);
+        write_http_file(http_file, cfg.http_address, port);
+        TKV_LOG(TKV_LOG_INFO, "http: listening on %s:%u", cfg.http_address, (unsigned)port);
+    }
+
+    TKV_LOG(TKV_LOG_INFO, "tierkvd ready (pid %ld)", (long)getpid());
+    report_ready(&ready_fd, 0);
+
+    for (;;) {
+        int sig = 0;
+        if (sigwait(&sigs, &sig) != 0)
+            continue;
+        if (sig == SIGHUP) {
+            if (tkv_log_reopen() == TKV_OK)
+                TKV_LOG(TKV_LOG_INFO, "SIGHUP: log reopened");
+            else
+                TKV_LOG(TKV_LOG_ERROR, "SIGHUP: cannot reopen the log");
+            continue;
+        }
+        TKV_LOG(TKV_LOG_INFO, "%s: stopping (draining in-flight calls)",
+                sig == SIGTERM ? "SIGTERM" : "SIGINT");
+        break;
+    }
+    code = 0;
+
+out:
+    atomic_store(&svc.stopping, true);
+    tkvd_server_stop(server);
+    tkvd_http_stop(http);
+    tkvd_attach_stop(attach);
+    if (store) {
+        uint64_t t0 = tkv_now_ns();
+        tkv_store_close(store);
+        TKV_LOG(TKV_LOG_INFO, "store closed (write-backs finished) in %" PRIu64 " ms",
+                (tkv_now_ns() - t0) / 1000000u);
+    }
+    tkv_store_opts_free(so);
+    if (pid_fd >= 0) /* the lock proves the socket is ours (or a dead daemon's) */
+        unlink(cfg.grpc_socket);
+    if (http_file[0])
+        unlink(http_file);
+    if (pid_fd >= 0) {
+        unlink(cfg.pid_file);
+        close(pid_fd);
+    }
+    if (code == 0)
+        TKV_LOG(TKV_LOG_INFO, "tierkvd stopped");
+    else if (log_open) /* before that, the reason went to stderr already */
+        TKV_LOG(TKV_LOG_ERROR, "tierkvd failed to start or run (exit %d)", code);
+    report_ready(&ready_fd, (unsigned char)code);
+    tkvd_config_free(&cfg);
+    return code;
+}

@@ -1,0 +1,31 @@
+/* tkvd_attach.h - the attach socket (proto/tkv_attach.h): hands the L2 pool's memfd to local
+ * clients and ties their leases to the connection.
+ *
+ * One thread polls the listening SOCK_SEQPACKET socket and every connection. A connection
+ * must send a valid hello (magic, version, the daemon's fingerprint) within 5 s; it then gets
+ * a client_id and the memfd (SCM_RIGHTS), and stays open silently. When it closes, every
+ * lease and allocation made under its client_id is released (tkv_store_release_owner).
+ * tkvd_metrics.clients_connected counts the attached connections.
+ */
+#ifndef TKVD_ATTACH_H
+#define TKVD_ATTACH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "tkv_store.h"
+#include "tkvd_metrics.h"
+
+typedef struct tkvd_attach tkvd_attach;
+
+/* Binds path (a stale socket file is replaced) and starts the thread. store, fingerprint and
+ * metrics must outlive the returned object. TKV_EIO with a log line on bind failure. */
+int tkvd_attach_start(const char *path, tkv_store *store, const uint8_t fingerprint[32],
+                      tkvd_metrics *metrics, tkvd_attach **out);
+/* True while an attach connection with this client_id is open (thread-safe). */
+bool tkvd_attach_client_live(tkvd_attach *a, uint64_t client_id);
+/* Closes the listener and every connection (releasing their leases), joins the thread,
+ * unlinks the socket file. NULL is ignored. */
+void tkvd_attach_stop(tkvd_attach *a);
+
+#endif

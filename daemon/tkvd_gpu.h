@@ -1,0 +1,38 @@
+/* tkvd_gpu.h - the daemon's GPU tier, device side: the L1 pool in HBM (exported to attached
+ * engines by CUDA IPC), the L2 pool pinned for DMA, and the copy engine that moves blocks
+ * between them for the store (tkv_l1_ops).
+ *
+ * Built always; without CUDA, or on a host without a usable GPU, tkvd_gpu_open answers
+ * TKV_EUNSUPPORTED and the daemon serves L2 + L3 only.
+ * Thread safety: the ops may be called from many store workers at once; each call takes its
+ * own stream from a small pool, so concurrent promotions overlap on the copy engines.
+ */
+#ifndef TKVD_GPU_H
+#define TKVD_GPU_H
+
+#include <stdint.h>
+
+#include "tkv_attach.h"
+#include "tkv_store.h"
+
+typedef struct tkvd_gpu tkvd_gpu;
+
+/* Opens device `ordinal`, allocates num_blocks L1 blocks of block_bytes in chunks whose sizes
+ * are multiples of 2 MiB, each holding whole blocks (at most TKV_ATTACH_MAX_CHUNKS chunks),
+ * and pins [l2_base, l2_base + l2_bytes) for DMA in chunks. Errors: TKV_EUNSUPPORTED (no CUDA
+ * or no device), TKV_ENOMEM (HBM short), TKV_EINVAL. Logs why. */
+int tkvd_gpu_open(int ordinal, uint64_t num_blocks, size_t block_bytes, void *l2_base,
+                  uint64_t l2_bytes, tkvd_gpu **out);
+/* Unpins L2 and frees L1; every copy must have returned. NULL is ignored. */
+void tkvd_gpu_close(tkvd_gpu *g);
+
+uint64_t tkvd_gpu_l1_blocks(const tkvd_gpu *g);
+/* The attach-socket message that lets a client map the L1 pool. */
+void tkvd_gpu_attach_info(const tkvd_gpu *g, tkv_attach_gpu *out);
+/* Host-to-device rate measured at open with one pinned copy (GB/s), for the cost check. */
+double tkvd_gpu_h2d_gbps(const tkvd_gpu *g);
+
+/* The store backend; its ctx is the tkvd_gpu. */
+extern const tkv_l1_ops tkvd_gpu_l1_ops;
+
+#endif

@@ -1,0 +1,1429 @@
+/* decode.cu - decode attention over the paged pool on sm_90a: the plan kernel, the persistent
+ * (dynamic-split) attention kernel, the static split-KV baseline, the combine kernel and merge
+ * states. The CPU references are in decode.c; the contracts in tkv_kernels.h.
+ *
+ * How one step runs (all on the device, so plan + attention + combine replay in a CUDA graph
+ * with new KV lengths):
+ *   plan     one CTA reads kv_lens, cuts every (request, KV head) into 64-token tiles, lays
+ *            all tiles end to end, cuts that sequence into bins of max(ceil(tiles/grid), floor)
+ *            tiles, and writes one task per (pair, bin) intersection.
+ *   attend   a persistent grid (SMs x resident CTAs): CTA i drains bin i as one stream of tiles
+ *            (cp.async, 2-3 stages deep, prefetching across task boundaries); at the end of a
+ *            task it writes the partial O (normalised, f32) and its base-2 LSE.
+ *   combine  one CTA per (request, KV head) merges that pair's partials with the global softmax
+ *            and writes BF16 O and the LSE.
+ * Kernels are chained with programmatic dependent launch: each waits (griddepcontrol.wait)
+ * before its first read of what the previous one wrote, so its launch overlaps the tail of
+ * the previous kernel.
+ *
+ * Inside a CTA: the rows of a (request, KV head) are group * q_len queries (<= 128), in m-tiles
+ * of 16 for mma.sync m16n8k16 (f32 accumulate). FP8 KV is converted to f16 in registers (exact:
+ * every e4m3 value is an f16 value); BF16 KV runs the bf16 mma. Warps split the rows (one m-tile
+ * each) and, when there are fewer m-tiles than warps, the tokens of the tile; their softmax
+ * states are merged through shared memory at the end of each task.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "decode_internal.h"
+#include "fp8.cuh"
+#include "tkvk_cuda.cuh"
+
+namespace {
+
+constexpr int kTileTokens = TKVK_DECODE_TILE_TOKENS;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kPlanThreads = 1024;
+/* Tasks of a bin kept in shared memory (a bin with more reads the rest from global memory). */
+constexpr int kTaskWindow = 128;
+#ifndef TKVK_DEC_STAGES
+/* cp.async stages for token rows under 256 bytes: tiles in flight per CTA = stages - 1. */
+#define TKVK_DEC_STAGES 4
+#endif
+
+/* ============================================================================================
+ * Parameters and per-shape constants
+ * ========================================================================================== */
+
+struct DecParams {
+    const uint8_t *pool_layer; /* pool + layer * layer_stride */
+    size_t block_stride, token_stride, v_offset, kscale_offset;
+    int page_tokens, page_shift, num_kv_heads, num_blocks;
+    const int32_t *block_table;
+    int bt_stride;
+    const int32_t *kv_lens;
+    int num_requests;
+    const void *q;
+    const float *q_scales;
+    int q_fp8, num_q_heads, group, q_len, rows;
+    int per_token_head;
+    float k_scale, v_scale;
+    const float *v_head_scales;
+    float score_scale; /* sm_scale * log2(e) */
+    /* task map (dynamic) or the static split geometry */
+    const int4 *tasks;
+    const int32_t *task_len; /* kv_len of each task's request, written by the plan */
+    const int32_t *bin_first;
+    int static_splits, static_chunk_tiles;
+    /* partial results: [task][rows][D] and [task][rows] */
+    float *part_o;
+    float *part_lse;
+};
+
+template <int D, bool FP8KV> struct Shape {
+    static constexpr int kElemBytes = FP8KV ? 1 : 2;
+    static constexpr int kRowBytes = D * kElemBytes;     /* one token of one head */
+    static constexpr int kChunks = kRowBytes / 16;       /* 16-byte chunks per token row */
+    static constexpr int kChunkElems = 16 / kElemBytes;
+    static constexpr int kStepsPerChunk = kChunkElems / 4; /* mma k-steps a lane takes per chunk */
+    static constexpr int kKSteps = D / 16;
+    static constexpr int kNBlocks = D / 8;               /* n-blocks of 8 output dims */
+    static constexpr int kSliceBytes = kRowBytes / 8;    /* V bytes of one row a lane reads */
+    static constexpr int kStages = kRowBytes >= 256 ? 2 : TKVK_DEC_STAGES;
+    static constexpr int kTileBytes = kTileTokens * kRowBytes;
+};
+
+/* Swizzles of the 16-byte chunks of a token row in shared memory, chosen so the reads below
+ * hit 8 distinct 16-byte bank groups per quarter warp (a lane reads K by token row, 4 lanes
+ * per row; V by 4 rows 2 apart, 8 lanes side by side in a row). */
+template <int kChunks> __device__ __forceinline__ int swz_k(int row)
+{
+    return kChunks >= 8 ? (row & 1) << 2 : 0;
+}
+template <int kChunks> __device__ __forceinline__ int swz_v(int row)
+{
+    if (kChunks == 4)
+        return ((row >> 1) & 1) << 1;
+    if (kChunks == 8)
+        return row & 6;
+    if (kChunks == 16)
+        return ((row >> 1) & 1) | (((row >> 2) & 1) << 2);
+    return (row >> 1) & 3;
+}
+
+/* ============================================================================================
+ * Small device helpers
+ * ========================================================================================== */
+
+__device__ __forceinline__ void pdl_wait()
+{
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+__device__ __forceinline__ void pdl_trigger()
+{
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* 16 bytes global -> shared, bypassing L1; src_bytes 0 writes zeros (tokens past the end). */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async4(void *dst, const void *src, int src_bytes)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit()
+{
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ uint4 lds128(const void *p)
+{
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(smem_u32(p)));
+    return v;
+}
+__device__ __forceinline__ uint2 lds64(const void *p)
+{
+    uint2 v;
+    asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(smem_u32(p)));
+    return v;
+}
+
+/* Two e4m3 codes (lo in bits 0..7) -> f16x2, exact. */
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two_codes)
+{
+    uint32_t r;
+    asm("{ .reg .b16 t; cvt.u16.u32 t, %1; cvt.rn.f16x2.e4m3x2 %0, t; }"
+        : "=r"(r)
+        : "r"(two_codes));
+    return r;
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel)
+{
+    uint32_t r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+}
+
+template <bool F16> __device__ __forceinline__ uint32_t pack2(float lo, float hi)
+{
+    if (F16) {
+        __half2 h = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&h);
+    }
+    return tkvk_bf16x2_from_float2(lo, hi);
+}
+
+/* d += a * b, m16n8k16, row.col, f32 accumulate; F16: f16 operands, else bf16. */
+template <bool F16>
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1)
+{
+    if (F16)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float quad_max(float x)
+{
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x)
+{
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+/* ============================================================================================
+ * Plan kernel
+ * ========================================================================================== */
+
+/* Exclusive scan of one value per thread over the whole block; returns the prefix, *total
+ * gets the block's sum. Every thread of the block must call it. */
+__device__ int block_exclusive_scan(int v, int *total)
+{
+    __shared__ int warp_sums[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+    int x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o)
+            x += y;
+    }
+    if (lane == 31)
+        warp_sums[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        int w = lane < nwarps ? warp_sums[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            int y = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o)
+                w += y;
+        }
+        warp_sums[lane] = w; /* inclusive */
+    }
+    __syncthreads();
+    int warp_prefix = warp ? warp_sums[warp - 1] : 0;
+    *total = warp_sums[nwarps - 1];
+    __syncthreads(); /* warp_sums is reused by the next call */
+    return warp_prefix + x - v;
+}
+
+__device__ __forceinline__ int tiles_of(int32_t len)
+{
+    return len <= 0 ? 0 : (len + kTileTokens - 1) / kTileTokens;
+}
+
+/* info[0..3] = num_bins, num_tiles, num_tasks, tiles_per_cta. Same algorithm as
+ * tkvk_decode_plan_cpu(). */
+__global__ void __launch_bounds__(kPlanThreads, 1)
+    dec_plan_kernel(const int32_t *kv_lens, int num_requests, int hkv, int grid, int min_tiles,
+                    int4 *tasks, int32_t *task_len, int32_t *bin_first, int32_t *pair_first,
+                    int32_t *pair_count, int32_t *info)
+{
+    pdl_wait(); /* the previous step's kernels may still read the map */
+    int num_pairs = num_requests * hkv;
+    /* pass 1: tile starts of every pair (kept in pair_count until pass 2) */
+    int carry = 0;
+    for (int base = 0; base < num_pairs; base += blockDim.x) {
+        int p = base + threadIdx.x;
+        int tiles = p < num_pairs ? tiles_of(kv_lens[p / hkv]) : 0;
+        int total;
+        int start = block_exclusive_scan(tiles, &total);
+        if (p < num_pairs)
+            pair_count[p] = carry + start;
+        carry += total;
+    }
+    __syncthreads();
+    int num_tiles = carry;
+    int per_cta = (num_tiles + grid - 1) / grid;
+    if (per_cta < min_tiles)
+        per_cta = min_tiles;
+    int num_bins = (num_tiles + per_cta - 1) / per_cta;
+
+    /* pass 2: tasks per pair, their first index, and the tasks themselves */
+    int task_carry = 0;
+    for (int base = 0; base < num_pairs; base += blockDim.x) {
+        int p = base + threadIdx.x;
+        int tiles = 0, start = 0, count = 0;
+        int32_t len = 0;
+        if (p < num_pairs) {
+            len = max(kv_lens[p / hkv], 0);
+            tiles = tiles_of(len);
+            start = pair_count[p];
+            if (tiles > 0)
+                count = (start + tiles - 1) / per_cta - start / per_cta + 1;
+        }
+        int total;
+        int first = task_carry + block_exclusive_scan(count, &total);
+        if (p < num_pairs) {
+            int t = start, d = first;
+            while (t < start + tiles) {
+                int bin_end = (t / per_cta + 1) * per_cta;
+                int end = min(bin_end, start + tiles);
+                if (t % per_cta == 0)
+                    bin_first[t / per_cta] = d;
+                tasks[d] = make_int4(p / hkv, p % hkv, t - start, end - start);
+                task_len[d] = len;
+                d++;
+                t = end;
+            }
+            pair_first[p] = first;
+            pair_count[p] = count;
+        }
+        task_carry += total;
+    }
+    for (int b = num_bins + threadIdx.x; b <= grid; b += blockDim.x)
+        bin_first[b] = task_carry;
+    if (threadIdx.x == 0) {
+        info[0] = num_bins;
+        info[1] = num_tiles;
+        info[2] = task_carry;
+        info[3] = per_cta;
+    }
+    __syncthreads();
+    __threadfence();
+    pdl_trigger();
+}
+
+/* ============================================================================================
+ * Attention kernel (persistent over a bin, or one static split)
+ * ========================================================================================== */
+
+template <int D, bool FP8KV, int NW> struct Attend {
+    using S = Shape<D, FP8KV>;
+    static constexpr int kThreads = NW * 32;
+    static constexpr bool kF16 = FP8KV; /* mma element type: f16 for FP8 KV, bf16 for BF16 KV */
+
+    static constexpr size_t smem_bytes()
+    {
+        return 2 * (size_t)S::kStages * S::kTileBytes    /* K, V stages */
+               + (size_t)S::kStages * kTileTokens * 4    /* in-page K scales */
+               + (NW == 4 ? (size_t)NW * 16 * D * 4 : 0) /* per-warp O for the task merge */
+               + 2 * (size_t)NW * 16 * 4;                /* per-warp m, l */
+    }
+
+    /* Token rows of a tile a thread copies: rows tid / kChunks + k * kRowStep, always its
+     * chunk tid % kChunks (kThreads is a multiple of kChunks). */
+    static constexpr int kRowStep = kThreads / S::kChunks;
+    static constexpr int kRowsPerThread = kTileTokens / kRowStep;
+
+    /* Block ids of this thread's rows of tile `tile`: plain loads whose results are first used
+     * by the next issue_tile(), a whole iteration later, so their latency stays hidden. */
+    static __device__ __forceinline__ void fetch_blocks(const DecParams &p, int req, int tile,
+                                                        int32_t len, int32_t (&blk)[kRowsPerThread])
+    {
+        const int32_t *bt = p.block_table + (size_t)req * p.bt_stride;
+        int row0 = threadIdx.x / S::kChunks;
+#pragma unroll
+        for (int k = 0; k < kRowsPerThread; k++) {
+            int pos = tile * kTileTokens + row0 + k * kRowStep;
+            blk[k] = pos < len ? __ldg(bt + (pos >> p.page_shift)) : -1;
+        }
+    }
+
+    /* cp.async of tile `tile` of (req, kvh) into one stage; rows past the end or with a block
+     * id outside the pool are zero-filled. */
+    static __device__ void issue_tile(const DecParams &p, uint8_t *sK, uint8_t *sV, float *sKs,
+                                      int req, int kvh, int tile, int32_t len,
+                                      const int32_t (&blk)[kRowsPerThread])
+    {
+        const int j = threadIdx.x % S::kChunks, row0 = threadIdx.x / S::kChunks;
+        const size_t head_off = (size_t)kvh * S::kRowBytes + j * 16;
+#pragma unroll
+        for (int k = 0; k < kRowsPerThread; k++) {
+            int row = row0 + k * kRowStep;
+            int pos = tile * kTileTokens + row;
+            const uint8_t *src = p.pool_layer;
+            int bytes = 0;
+            if (blk[k] >= 0 && blk[k] < p.num_blocks) {
+                src = p.pool_layer + (size_t)blk[k] * p.block_stride +
+                      (size_t)(pos & (p.page_tokens - 1)) * p.token_stride + head_off;
+                bytes = 16;
+            }
+            cp_async16(sK + row * S::kRowBytes + ((j ^ swz_k<S::kChunks>(row)) * 16), src, bytes);
+            cp_async16(sV + row * S::kRowBytes + ((j ^ swz_v<S::kChunks>(row)) * 16),
+                       bytes ? src + p.v_offset : src, bytes);
+        }
+        if (FP8KV && p.per_token_head) {
+            for (int row = threadIdx.x; row < kTileTokens; row += kThreads) {
+                int pos = tile * kTileTokens + row;
+                const uint8_t *src = p.pool_layer;
+                int bytes = 0;
+                if (pos < len) {
+                    int32_t b = p.block_table[(size_t)req * p.bt_stride + (pos >> p.page_shift)];
+                    if (b >= 0 && b < p.num_blocks) {
+                        src = p.pool_layer + (size_t)b * p.block_stride + p.kscale_offset +
+                              ((size_t)(pos & (p.page_tokens - 1)) * p.num_kv_heads + kvh) * 4;
+                        bytes = 4;
+                    }
+                }
+                cp_async4(sKs + row, src, bytes);
+            }
+        }
+    }
+
+    static __device__ void run(const DecParams &p, uint8_t *smem)
+    {
+        __shared__ int4 s_tasks[kTaskWindow];
+        __shared__ int32_t s_lens[kTaskWindow];
+        uint8_t *sK = smem;
+        uint8_t *sV = sK + S::kStages * S::kTileBytes;
+        float *sKs = reinterpret_cast<float *>(sV + S::kStages * S::kTileBytes);
+        float *sO = sKs + S::kStages * kTileTokens;
+        /* 8 warps only run with one warp per row group (no token split, no merge) */
+        float *sM = sO + (NW == 4 ? NW * 16 * D : 0);
+        float *sL = sM + NW * 16;
+
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+        const int g = lane >> 2, c = lane & 3;
+        const int R = p.rows;
+        const int nmt = (R + 15) / 16;
+        int rg_count = nmt <= 1 ? 1 : nmt <= 2 ? 2 : nmt <= 4 ? 4 : 8;
+        if (rg_count > NW)
+            rg_count = NW;
+        const int ts_count = NW / rg_count;
+        const int rg = warp / ts_count, ts = warp % ts_count;
+        const int tokens_per_warp = kTileTokens / ts_count;
+        const bool active = rg * 16 < R;
+
+        /* The CTA's tasks, local index 0..num_tasks-1: a bin of the map, or the one static
+         * split. The first kTaskWindow go to shared memory with their request's length. */
+        int num_tasks, first_task = 0, static_index = 0;
+        if (p.static_splits) {
+            int kvh = blockIdx.x, req = blockIdx.y, split = blockIdx.z;
+            int32_t len = max(p.kv_lens[req], 0);
+            int tb = split * p.static_chunk_tiles;
+            int te = min(tb + p.static_chunk_tiles, tiles_of(len));
+            static_index = (req * p.num_kv_heads + kvh) * p.static_splits + split;
+            if (tb >= te) {
+                /* An empty split still says so: the combine gives it weight 0. */
+                for (int r = threadIdx.x; r < R; r += kThreads)
+                    p.part_lse[(size_t)static_index * R + r] = -INFINITY;
+                return;
+            }
+            if (threadIdx.x == 0) {
+                s_tasks[0] = make_int4(req, kvh, tb, te);
+                s_lens[0] = len;
+            }
+            num_tasks = 1;
+        } else {
+            first_task = p.bin_first[blockIdx.x];
+            num_tasks = p.bin_first[blockIdx.x + 1] - first_task;
+            for (int k = threadIdx.x; k < num_tasks && k < kTaskWindow; k += kThreads) {
+                s_tasks[k] = p.tasks[first_task + k];
+                s_lens[k] = p.task_len[first_task + k];
+            }
+        }
+        __syncthreads();
+        auto task = [&](int k) -> int4 {
+            return k < kTaskWindow ? s_tasks[k] : p.tasks[first_task + k];
+        };
+        auto task_len = [&](int k) -> int32_t {
+            return k < kTaskWindow ? s_lens[k] : p.task_len[first_task + k];
+        };
+        int n_tiles = 0;
+        for (int k = 0; k < num_tasks; k++) {
+            int4 tk = task(k);
+            n_tiles += tk.w - tk.z;
+        }
+
+        /* loader cursor, with the block ids of its tile already requested */
+        int ld_task = 0, ld_tile = 0;
+        int4 ld_tk = make_int4(0, 0, 0, 0);
+        int32_t ld_len = 0;
+        int32_t ld_blk[kRowsPerThread];
+        if (n_tiles > 0) {
+            ld_tk = task(0);
+            ld_tile = ld_tk.z;
+            ld_len = task_len(0);
+            fetch_blocks(p, ld_tk.x, ld_tile, ld_len, ld_blk);
+        }
+        auto load_next = [&](int stage) {
+            issue_tile(p, sK + stage * S::kTileBytes, sV + stage * S::kTileBytes,
+                       sKs + stage * kTileTokens, ld_tk.x, ld_tk.y, ld_tile, ld_len, ld_blk);
+            if (++ld_tile == ld_tk.w) {
+                if (++ld_task >= num_tasks)
+                    return;
+                ld_tk = task(ld_task);
+                ld_tile = ld_tk.z;
+                ld_len = task_len(ld_task);
+            }
+            fetch_blocks(p, ld_tk.x, ld_tile, ld_len, ld_blk);
+        };
+#pragma unroll
+        for (int s = 0; s < S::kStages - 1; s++) {
+            if (s < n_tiles)
+                load_next(s);
+            cp_async_commit();
+        }
+
+        /* per-warp state of the current task */
+        uint32_t qa[S::kKSteps][4];
+        float o[S::kNBlocks][4];
+        float m_run[2], l_run[2], rowmul[2];
+        int lim[2];
+        float v_mul = 1.0f;
+
+        int cc_task = 0;
+        int4 tk = n_tiles > 0 ? task(0) : make_int4(0, 0, 0, 0);
+        int cc_tile = tk.z;
+        int32_t len = n_tiles > 0 ? task_len(0) : 0;
+
+        for (int i = 0; i < n_tiles; i++) {
+            cp_async_wait<S::kStages - 2>();
+            __syncthreads();
+            if (i + S::kStages - 1 < n_tiles)
+                load_next((i + S::kStages - 1) % S::kStages);
+            cp_async_commit();
+
+            if (cc_tile == tk.z) {
+                /* ---- start of a task: queries into registers, state reset ---- */
+                const int req = tk.x, kvh = tk.y;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    m_run[h] = -INFINITY;
+                    l_run[h] = 0.0f;
+                }
+#pragma unroll
+                for (int nb = 0; nb < S::kNBlocks; nb++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        o[nb][e] = 0.0f;
+                if (FP8KV)
+                    v_mul = p.per_token_head ? p.v_head_scales[kvh] : p.v_scale;
+                if (active)
+                    load_q(p, req, kvh, rg * 16 + g, g, c, qa, rowmul, lim, len);
+            }
+
+            if (active)
+                compute_tile(p, sK + (i % S::kStages) * S::kTileBytes,
+                             sV + (i % S::kStages) * S::kTileBytes,
+                             sKs + (i % S::kStages) * kTileTokens, cc_tile, ts * tokens_per_warp,
+                             tokens_per_warp, len, g, c, qa, rowmul, lim, m_run, l_run, o);
+
+            if (cc_tile + 1 == tk.w) {
+                /* ---- end of a task: merge the warps' states, write the partial ---- */
+                int pidx = p.static_splits ? static_index : first_task + cc_task;
+                finalize(p, pidx, R, rg, ts, ts_count, active, g, c, v_mul, m_run, l_run, o, sO,
+                         sM, sL);
+                if (++cc_task < num_tasks) {
+                    tk = task(cc_task);
+                    cc_tile = tk.z;
+                    len = task_len(cc_task);
+                }
+            } else {
+                cc_tile++;
+            }
+        }
+        cp_async_wait<0>();
+    }
+
+    /* Queries of rows row0 and row0 + 8 (CTA rows) as A fragments in the permuted k order
+     * that matches the K fragments (see compute_tile), their score multipliers and causal
+     * limits. */
+    static __device__ void load_q(const DecParams &p, int req, int kvh, int row0, int g, int c,
+                                  uint32_t (&qa)[S::kKSteps][4], float (&rowmul)[2],
+                                  int (&lim)[2], int32_t len)
+    {
+        const int R = p.rows;
+        float kmul = (FP8KV && !p.per_token_head) ? p.k_scale : 1.0f;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int r = row0 + h * 8;
+            bool valid = r < R;
+            int t = valid ? r / p.group : 0, gh = valid ? r % p.group : 0;
+            size_t qi = ((size_t)req * p.q_len + t) * p.num_q_heads + (size_t)kvh * p.group + gh;
+            lim[h] = valid ? len - p.q_len + t + 1 : -1;
+            float qs = 1.0f;
+            if (p.q_fp8) {
+                qs = valid ? p.q_scales[qi] : 0.0f;
+                const uint8_t *q = static_cast<const uint8_t *>(p.q) + qi * D;
+#pragma unroll
+                for (int s = 0; s < S::kKSteps; s++) {
+                    int pp = s / S::kStepsPerChunk, u = s % S::kStepsPerChunk;
+                    int dim = S::kChunkElems * (c + 4 * pp) + 4 * u;
+                    uint32_t w = valid ? *reinterpret_cast<const uint32_t *>(q + dim) : 0u;
+                    if (kF16) {
+                        qa[s][h] = e4m3x2_to_f16x2(w & 0xffffu);
+                        qa[s][h + 2] = e4m3x2_to_f16x2(w >> 16);
+                    } else {
+                        float2 lo = tkvk_fp8x2_to_float2((uint16_t)(w & 0xffffu));
+                        float2 hi = tkvk_fp8x2_to_float2((uint16_t)(w >> 16));
+                        qa[s][h] = tkvk_bf16x2_from_float2(lo.x, lo.y);
+                        qa[s][h + 2] = tkvk_bf16x2_from_float2(hi.x, hi.y);
+                    }
+                }
+            } else {
+                const uint16_t *q = static_cast<const uint16_t *>(p.q) + qi * D;
+                uint2 raw[S::kKSteps];
+                float amax = 0.0f;
+#pragma unroll
+                for (int s = 0; s < S::kKSteps; s++) {
+                    int pp = s / S::kStepsPerChunk, u = s % S::kStepsPerChunk;
+                    int dim = S::kChunkElems * (c + 4 * pp) + 4 * u;
+                    raw[s] = valid ? *reinterpret_cast<const uint2 *>(q + dim) : make_uint2(0, 0);
+                    if (kF16) {
+                        amax = fmaxf(amax, fabsf(tkvk_bf16_to_float_dev(raw[s].x & 0xffffu)));
+                        amax = fmaxf(amax, fabsf(tkvk_bf16_to_float_dev(raw[s].x >> 16)));
+                        amax = fmaxf(amax, fabsf(tkvk_bf16_to_float_dev(raw[s].y & 0xffffu)));
+                        amax = fmaxf(amax, fabsf(tkvk_bf16_to_float_dev(raw[s].y >> 16)));
+                    }
+                }
+                if (kF16) {
+                    /* bf16 -> f16 would lose range: scale the row by a power of two so its
+                     * largest element sits below 2^14 (f16 then holds every bf16 mantissa),
+                     * and undo it in the score multiplier. */
+                    amax = quad_max(amax);
+                    int e = 0;
+                    if (amax > 0.0f && isfinite(amax))
+                        frexpf(amax, &e);
+                    float up = ldexpf(1.0f, 14 - e);
+                    qs = ldexpf(1.0f, e - 14);
+#pragma unroll
+                    for (int s = 0; s < S::kKSteps; s++) {
+                        qa[s][h] = pack2<true>(tkvk_bf16_to_float_dev(raw[s].x & 0xffffu) * up,
+                                               tkvk_bf16_to_float_dev(raw[s].x >> 16) * up);
+                        qa[s][h + 2] = pack2<true>(tkvk_bf16_to_float_dev(raw[s].y & 0xffffu) * up,
+                                                   tkvk_bf16_to_float_dev(raw[s].y >> 16) * up);
+                    }
+                } else {
+#pragma unroll
+                    for (int s = 0; s < S::kKSteps; s++) {
+                        qa[s][h] = raw[s].x;
+                        qa[s][h + 2] = raw[s].y;
+                    }
+                }
+            }
+            rowmul[h] = p.score_scale * qs * kmul;
+        }
+    }
+
+    /* One tile: this warp's tokens [tok0, tok0 + ntok) of it, in chunks of 16 tokens.
+     *
+     * k order: a lane (g, c) reads K row n = g of an n-block as 16-byte chunks c, c+4, ...;
+     * byte 4u..4u+3 of chunk (c + 4pp) become the k-slots {2c, 2c+1, 2c+8, 2c+9} of k-step
+     * pp * kStepsPerChunk + u. The dot product does not care about the order of k, so the
+     * queries are loaded in the same order (load_q) and K needs no shuffling at all.
+     * V (the B operand of P.V) needs two consecutive tokens per register: a lane reads its
+     * 1/8 slice of 4 token rows and pairs the bytes with prmt; output column n = g of n-block
+     * nb is head dim g * D/8 + nb. */
+    static __device__ void compute_tile(const DecParams &p, const uint8_t *sK, const uint8_t *sV,
+                                        const float *sKs, int tile, int tok0, int ntok,
+                                        int32_t len, int g, int c,
+                                        const uint32_t (&qa)[S::kKSteps][4],
+                                        const float (&rowmul)[2], const int (&lim)[2],
+                                        float (&m_run)[2], float (&l_run)[2],
+                                        float (&o)[S::kNBlocks][4])
+    {
+        for (int t0 = tok0; t0 < tok0 + ntok; t0 += 16) {
+            if (tile * kTileTokens + t0 >= len)
+                break; /* the rest of the tile is past the end for every row */
+            float sc[2][4];
+#pragma unroll
+            for (int nb = 0; nb < 2; nb++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    sc[nb][e] = 0.0f;
+                int row = t0 + nb * 8 + g;
+                const uint8_t *krow = sK + row * S::kRowBytes;
+#pragma unroll
+                for (int pp = 0; pp < S::kChunks / 4; pp++) {
+                    uint4 kv = lds128(krow + (((c + 4 * pp) ^ swz_k<S::kChunks>(row)) * 16));
+                    uint32_t w[4] = {kv.x, kv.y, kv.z, kv.w};
+#pragma unroll
+                    for (int u = 0; u < S::kStepsPerChunk; u++) {
+                        uint32_t b0, b1;
+                        if (FP8KV) {
+                            b0 = e4m3x2_to_f16x2(w[u] & 0xffffu);
+                            b1 = e4m3x2_to_f16x2(w[u] >> 16);
+                        } else {
+                            b0 = w[2 * u];
+                            b1 = w[2 * u + 1];
+                        }
+                        mma16816<kF16>(sc[nb], qa[pp * S::kStepsPerChunk + u], b0, b1);
+                    }
+                }
+            }
+            /* scale, mask, online softmax (base 2) */
+            float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int nb = 0; nb < 2; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int h = e >> 1;
+                    int col = t0 + nb * 8 + 2 * c + (e & 1);
+                    int pos = tile * kTileTokens + col;
+                    float v = sc[nb][e] * rowmul[h];
+                    if (FP8KV && p.per_token_head)
+                        v *= sKs[col];
+                    v = pos < lim[h] ? v : -INFINITY;
+                    sc[nb][e] = v;
+                    mx[h] = fmaxf(mx[h], v);
+                }
+            float alpha[2], m_use[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float m_new = fmaxf(m_run[h], quad_max(mx[h]));
+                m_use[h] = m_new == -INFINITY ? 0.0f : m_new;
+                alpha[h] = exp2f(m_run[h] - m_use[h]);
+                m_run[h] = m_new;
+            }
+            float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int nb = 0; nb < 2; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float pe = exp2f(sc[nb][e] - m_use[e >> 1]);
+                    sc[nb][e] = pe;
+                    rs[e >> 1] += pe;
+                }
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                l_run[h] = l_run[h] * alpha[h] + rs[h];
+            if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+                for (int nb = 0; nb < S::kNBlocks; nb++) {
+                    o[nb][0] *= alpha[0];
+                    o[nb][1] *= alpha[0];
+                    o[nb][2] *= alpha[1];
+                    o[nb][3] *= alpha[1];
+                }
+            }
+            uint32_t pa[4];
+            pa[0] = pack2<kF16>(sc[0][0], sc[0][1]);
+            pa[1] = pack2<kF16>(sc[0][2], sc[0][3]);
+            pa[2] = pack2<kF16>(sc[1][0], sc[1][1]);
+            pa[3] = pack2<kF16>(sc[1][2], sc[1][3]);
+
+            /* P.V: rows t0+2c, +1 (k-slots 2c, 2c+1) and t0+8+2c, +1 (k-slots 2c+8, 2c+9) */
+            int r0 = t0 + 2 * c, r1 = r0 + 1, r2 = r0 + 8, r3 = r0 + 9;
+            const int slice = g * S::kSliceBytes;
+            if (S::kSliceBytes == 8) {
+                /* FP8, D = 64: 8 bytes = 8 dims per row */
+                uint2 x0 = lds64(sV + vaddr(r0, slice)), x1 = lds64(sV + vaddr(r1, slice));
+                uint2 x2 = lds64(sV + vaddr(r2, slice)), x3 = lds64(sV + vaddr(r3, slice));
+                uint32_t a0[2] = {x0.x, x0.y}, a1[2] = {x1.x, x1.y};
+                uint32_t a2[2] = {x2.x, x2.y}, a3[2] = {x3.x, x3.y};
+#pragma unroll
+                for (int wv = 0; wv < 2; wv++)
+                    pv_word(a0[wv], a1[wv], a2[wv], a3[wv], wv, pa, o);
+            } else {
+#pragma unroll
+                for (int piece = 0; piece < S::kSliceBytes / 16; piece++) {
+                    int off = slice + piece * 16;
+                    uint4 x0 = lds128(sV + vaddr(r0, off)), x1 = lds128(sV + vaddr(r1, off));
+                    uint4 x2 = lds128(sV + vaddr(r2, off)), x3 = lds128(sV + vaddr(r3, off));
+                    uint32_t a0[4] = {x0.x, x0.y, x0.z, x0.w}, a1[4] = {x1.x, x1.y, x1.z, x1.w};
+                    uint32_t a2[4] = {x2.x, x2.y, x2.z, x2.w}, a3[4] = {x3.x, x3.y, x3.z, x3.w};
+#pragma unroll
+                    for (int wv = 0; wv < 4; wv++)
+                        pv_word(a0[wv], a1[wv], a2[wv], a3[wv], piece * 4 + wv, pa, o);
+                }
+            }
+        }
+    }
+
+    /* Byte address in a V stage of byte `off` of token row `row` (swizzled by 16-byte chunk). */
+    static __device__ __forceinline__ int vaddr(int row, int off)
+    {
+        int j = off >> 4;
+        return row * S::kRowBytes + ((j ^ swz_v<S::kChunks>(row)) << 4) + (off & 15);
+    }
+
+    /* One 32-bit word of the lane's V slice from 4 token rows (t0, t1: k-slots 2c, 2c+1;
+     * t2, t3: 2c+8, 2c+9) -> B fragments of its n-blocks -> mma. Word wv holds slice
+     * elements [wv * 4 / elem_bytes, ...). */
+    static __device__ __forceinline__ void pv_word(uint32_t x0, uint32_t x1, uint32_t x2,
+                                                   uint32_t x3, int wv, const uint32_t (&pa)[4],
+                                                   float (&o)[S::kNBlocks][4])
+    {
+        if (FP8KV) {
+            /* bytes: x = d0 d1 d2 d3 of one token; pair tokens per dim */
+            uint32_t lo01 = prmt(x0, x1, 0x5140), hi01 = prmt(x0, x1, 0x7362);
+            uint32_t lo23 = prmt(x2, x3, 0x5140), hi23 = prmt(x2, x3, 0x7362);
+            int nb = wv * 4;
+            mma16816<true>(o[nb + 0], pa, e4m3x2_to_f16x2(lo01 & 0xffffu), e4m3x2_to_f16x2(lo23 & 0xffffu));
+            mma16816<true>(o[nb + 1], pa, e4m3x2_to_f16x2(lo01 >> 16), e4m3x2_to_f16x2(lo23 >> 16));
+            mma16816<true>(o[nb + 2], pa, e4m3x2_to_f16x2(hi01 & 0xffffu), e4m3x2_to_f16x2(hi23 & 0xffffu));
+            mma16816<true>(o[nb + 3], pa, e4m3x2_to_f16x2(hi01 >> 16), e4m3x2_to_f16x2(hi23 >> 16));
+        } else {
+            int nb = wv * 2;
+            mma16816<false>(o[nb + 0], pa, prmt(x0, x1, 0x5410), prmt(x2, x3, 0x5410));
+            mma16816<false>(o[nb + 1], pa, prmt(x0, x1, 0x7632), prmt(x2, x3, 0x7632));
+        }
+    }
+
+    static __device__ void finalize(const DecParams &p, int pidx, int R, int rg, int ts,
+                                    int ts_count, bool active, int g, int c, float v_mul,
+                                    const float (&m_run)[2], const float (&l_run)[2],
+                                    const float (&o)[S::kNBlocks][4], float *sO, float *sM,
+                                    float *sL)
+    {
+        const int warp = threadIdx.x >> 5;
+        float l_tot[2] = {quad_sum(l_run[0]), quad_sum(l_run[1])};
+        if (ts_count == 1) {
+            /* the warp saw every token of the task: write straight out, no merge */
+            if (!active)
+                return;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int r = rg * 16 + g + 8 * h;
+                if (r >= R)
+                    continue;
+                float inv = l_tot[h] > 0.0f ? v_mul / l_tot[h] : 0.0f;
+                float *dst = p.part_o + ((size_t)pidx * R + r) * D;
+#pragma unroll
+                for (int nb = 0; nb < S::kNBlocks; nb++) {
+                    dst[(2 * c) * (D / 8) + nb] = o[nb][2 * h] * inv;
+                    dst[(2 * c + 1) * (D / 8) + nb] = o[nb][2 * h + 1] * inv;
+                }
+                if (c == 0)
+                    p.part_lse[(size_t)pidx * R + r] =
+                        l_tot[h] > 0.0f ? m_run[h] + log2f(l_tot[h]) : -INFINITY;
+            }
+            return;
+        }
+        if (active) {
+            float *ow = sO + (size_t)warp * 16 * D;
+#pragma unroll
+            for (int nb = 0; nb < S::kNBlocks; nb++) {
+                int d0 = (2 * c) * (D / 8) + nb, d1 = (2 * c + 1) * (D / 8) + nb;
+                ow[g * D + d0] = o[nb][0];
+                ow[g * D + d1] = o[nb][1];
+                ow[(g + 8) * D + d0] = o[nb][2];
+                ow[(g + 8) * D + d1] = o[nb][3];
+            }
+            if (c == 0) {
+                sM[warp * 16 + g] = m_run[0];
+                sM[warp * 16 + g + 8] = m_run[1];
+                sL[warp * 16 + g] = l_tot[0];
+                sL[warp * 16 + g + 8] = l_tot[1];
+            }
+        }
+        __syncthreads();
+        /* every thread: 4 dims of one row; warp w of row group rg, split ts is rg*ts_count+ts */
+        for (int idx = threadIdx.x; idx < R * (D / 4); idx += kThreads) {
+            int r = idx / (D / 4), d = (idx % (D / 4)) * 4;
+            int rgr = r >> 4, rr = r & 15;
+            float mx = -INFINITY;
+            for (int s = 0; s < ts_count; s++)
+                mx = fmaxf(mx, sM[(rgr * ts_count + s) * 16 + rr]);
+            float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+            float lsum = 0.0f;
+            if (mx != -INFINITY) {
+                for (int s = 0; s < ts_count; s++) {
+                    int w = rgr * ts_count + s;
+                    float ms = sM[w * 16 + rr];
+                    if (ms == -INFINITY)
+                        continue;
+                    float wt = exp2f(ms - mx);
+                    lsum += sL[w * 16 + rr] * wt;
+                    const float *src = sO + ((size_t)w * 16 + rr) * D + d;
+                    acc.x += src[0] * wt;
+                    acc.y += src[1] * wt;
+                    acc.z += src[2] * wt;
+                    acc.w += src[3] * wt;
+                }
+            }
+            float inv = lsum > 0.0f ? v_mul / lsum : 0.0f;
+            acc.x *= inv;
+            acc.y *= inv;
+            acc.z *= inv;
+            acc.w *= inv;
+            *reinterpret_cast<float4 *>(p.part_o + ((size_t)pidx * R + r) * D + d) = acc;
+            if (d == 0)
+                p.part_lse[(size_t)pidx * R + r] = lsum > 0.0f ? mx + log2f(lsum) : -INFINITY;
+        }
+        (void)ts;
+    }
+};
+
+template <int D, bool FP8KV, int NW>
+__global__ void __launch_bounds__(NW * 32, NW == 4 ? 2 : 1) dec_attend_kernel(const DecParams p)
+{
+    extern __shared__ __align__(128) uint8_t dec_smem[];
+    pdl_wait();
+    Attend<D, FP8KV, NW>::run(p, dec_smem);
+    __syncthreads();
+    __threadfence();
+    pdl_trigger();
+}
+
+/* ============================================================================================
+ * Combine and merge states
+ * ========================================================================================== */
+
+struct CombineParams {
+    const float *part_o, *part_lse;
+    const int32_t *pair_first, *pair_count; /* NULL: static, splits per pair */
+    int static_splits;
+    int num_kv_heads, num_q_heads, group, q_len, rows, head_dim;
+    uint16_t *out;
+    float *lse;
+};
+
+/* One CTA per (pair, row): a split pair can have a hundred partials or more, so they are read
+ * in parallel: thread (group, quad) sums 4 dims of every kGroups-th partial, then the groups
+ * are added in shared memory. */
+constexpr int kCombineThreads = 128;
+
+template <int D>
+__global__ void __launch_bounds__(kCombineThreads) dec_combine_kernel(const CombineParams p)
+{
+    constexpr int kQuads = D / 4, kGroups = kCombineThreads / kQuads;
+    __shared__ float red[32];
+    __shared__ float4 part[kGroups][kQuads];
+    pdl_wait();
+    const int pair = blockIdx.x, r = blockIdx.y, tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5;
+    const int req = pair / p.num_kv_heads, kvh = pair % p.num_kv_heads;
+    int first, count;
+    if (p.pair_first) {
+        first = p.pair_first[pair];
+        count = p.pair_count[pair];
+    } else {
+        first = pair * p.static_splits;
+        count = p.static_splits;
+    }
+    const float *lse = p.part_lse + (size_t)first * p.rows + r;
+    /* global max and sum of weights */
+    float mx = -INFINITY;
+    for (int i = tid; i < count; i += kCombineThreads)
+        mx = fmaxf(mx, lse[(size_t)i * p.rows]);
+#pragma unroll
+    for (int o = 16; o; o >>= 1)
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (lane == 0)
+        red[warp] = mx;
+    __syncthreads();
+    mx = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
+    float ws = 0.0f;
+    if (mx != -INFINITY)
+        for (int i = tid; i < count; i += kCombineThreads) {
+            float li = lse[(size_t)i * p.rows];
+            ws += li == -INFINITY ? 0.0f : exp2f(li - mx);
+        }
+#pragma unroll
+    for (int o = 16; o; o >>= 1)
+        ws += __shfl_xor_sync(0xffffffffu, ws, o);
+    __syncthreads();
+    if (lane == 0)
+        red[4 + warp] = ws;
+    __syncthreads();
+    const float wsum = red[4] + red[5] + red[6] + red[7];
+    /* weighted sum of the partial O rows */
+    const int quad = tid % kQuads, grp = tid / kQuads;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (mx != -INFINITY) {
+#pragma unroll 4
+        for (int i = grp; i < count; i += kGroups) {
+            float li = lse[(size_t)i * p.rows];
+            if (li == -INFINITY)
+                continue; /* weight 0; its O was never written */
+            float w = exp2f(li - mx);
+            float4 v = *reinterpret_cast<const float4 *>(
+                p.part_o + ((size_t)(first + i) * p.rows + r) * D + quad * 4);
+            acc.x += w * v.x;
+            acc.y += w * v.y;
+            acc.z += w * v.z;
+            acc.w += w * v.w;
+        }
+    }
+    part[grp][quad] = acc;
+    __syncthreads();
+    if (grp == 0) {
+        for (int k = 1; k < kGroups; k++) {
+            float4 b = part[k][quad];
+            acc.x += b.x;
+            acc.y += b.y;
+            acc.z += b.z;
+            acc.w += b.w;
+        }
+        float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
+        int t = r / p.group, gh = r % p.group;
+        size_t oi = ((size_t)req * p.q_len + t) * p.num_q_heads + (size_t)kvh * p.group + gh;
+        uint2 packed = make_uint2(tkvk_bf16x2_from_float2(acc.x * inv, acc.y * inv),
+                                  tkvk_bf16x2_from_float2(acc.z * inv, acc.w * inv));
+        *reinterpret_cast<uint2 *>(p.out + oi * D + quad * 4) = packed;
+        if (p.lse && quad == 0)
+            p.lse[oi] = wsum > 0.0f ? mx + log2f(wsum) : -INFINITY;
+    }
+}
+
+__global__ void dec_merge_kernel(const uint16_t *o_a, const float *lse_a, const uint16_t *o_b,
+                                 const float *lse_b, int num_rows, int head_dim, uint16_t *out,
+                                 float *out_lse)
+{
+    int row = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= num_rows)
+        return;
+    float la = lse_a[row], lb = lse_b[row];
+    float mx = fmaxf(la, lb);
+    float wa = 0.0f, wb = 0.0f, lse = -INFINITY;
+    if (mx != -INFINITY) {
+        wa = la == -INFINITY ? 0.0f : exp2f(la - mx);
+        wb = lb == -INFINITY ? 0.0f : exp2f(lb - mx);
+        lse = mx + log2f(wa + wb);
+        float inv = 1.0f / (wa + wb);
+        wa *= inv;
+        wb *= inv;
+    }
+    __syncwarp();
+    for (int d = lane; d < head_dim; d += 32) {
+        size_t i = (size_t)row * head_dim + d;
+        float x = 0.0f;
+        if (wa > 0.0f)
+            x += wa * tkvk_bf16_to_float_dev(o_a[i]);
+        if (wb > 0.0f)
+            x += wb * tkvk_bf16_to_float_dev(o_b[i]);
+        out[i] = tkvk_bf16_from_float_dev(x);
+    }
+    __syncwarp();
+    if (lane == 0)
+        out_lse[row] = lse;
+}
+
+/* ============================================================================================
+ * Launch helpers
+ * ========================================================================================== */
+
+typedef void (*attend_fn)(const DecParams);
+
+template <int D, bool FP8KV, int NW> attend_fn attend_ptr()
+{
+    return dec_attend_kernel<D, FP8KV, NW>;
+}
+template <int D, bool FP8KV, int NW> size_t attend_smem()
+{
+    return Attend<D, FP8KV, NW>::smem_bytes();
+}
+
+struct AttendVariant {
+    attend_fn fn;
+    size_t smem;
+    int threads;
+};
+
+AttendVariant pick_variant(int head_dim, bool fp8, int rows)
+{
+    bool wide = rows > 64;
+#define TKVK_DEC_V(D_, F_)                                                                       \
+    if (head_dim == D_ && fp8 == F_)                                                             \
+        return wide ? AttendVariant{attend_ptr<D_, F_, 8>(), attend_smem<D_, F_, 8>(), 256}      \
+                    : AttendVariant{attend_ptr<D_, F_, 4>(), attend_smem<D_, F_, 4>(), 128};
+    TKVK_DEC_V(64, true)
+    TKVK_DEC_V(128, true)
+    TKVK_DEC_V(256, true)
+    TKVK_DEC_V(64, false)
+    TKVK_DEC_V(128, false)
+    TKVK_DEC_V(256, false)
+#undef TKVK_DEC_V
+    return AttendVariant{nullptr, 0, 0};
+}
+
+/* Launch with programmatic stream serialisation: the kernel may start while the previous one
+ * in the stream drains; it waits with griddepcontrol.wait before reading its inputs. */
+template <typename... Args>
+cudaError_t launch_pdl(void (*fn)(Args...), dim3 grid, dim3 block, size_t smem,
+                       cudaStream_t stream, Args... args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, fn, args...);
+}
+
+} /* namespace */
+
+/* ============================================================================================
+ * The plan handle
+ * ========================================================================================== */
+
+struct tkvk_decode_plan {
+    int device, num_sms, grid, min_tiles;
+    int max_requests, num_kv_heads, max_rows, head_dim;
+    int task_cap;
+    int4 *tasks;
+    int32_t *task_len, *bin_first, *pair_first, *pair_count, *info;
+    float *part_o, *part_lse;
+    int planned_requests; /* num_requests of the last plan launch, -1 before the first */
+};
+
+static int dec_set_smem_limits(void)
+{
+    static const int dims[3] = {64, 128, 256};
+    for (int i = 0; i < 3; i++)
+        for (int f = 0; f < 2; f++)
+            for (int rows = 64; rows <= 128; rows += 64) {
+                AttendVariant v = pick_variant(dims[i], f != 0, rows);
+                TKVK_CUDA_TRY(cudaFuncSetAttribute((const void *)v.fn,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   (int)v.smem));
+            }
+    return TKVK_OK;
+}
+
+extern "C" int tkvk_decode_plan_create(tkvk_decode_plan **out, int max_requests, int num_kv_heads,
+                                       int max_rows, int head_dim)
+{
+    if (!out)
+        return tkvk__fail(TKVK_EINVAL, "decode_plan_create: out is NULL");
+    *out = NULL;
+    if (max_requests < 1 || num_kv_heads < 1 || max_rows < 1)
+        return tkvk__fail(TKVK_EINVAL,
+                          "decode_plan_create: max_requests %d, num_kv_heads %d, max_rows %d",
+                          max_requests, num_kv_heads, max_rows);
+    if (max_rows > TKVK_DECODE_MAX_ROWS)
+        return tkvk__fail(TKVK_EUNSUPPORTED, "decode_plan_create: max_rows %d > %d", max_rows,
+                          TKVK_DECODE_MAX_ROWS);
+    if (!tkvk__head_dim_ok(head_dim))
+        return tkvk__fail(TKVK_EUNSUPPORTED, "decode_plan_create: head_dim %d", head_dim);
+    if ((int64_t)max_requests * num_kv_heads > (1 << 24))
+        return tkvk__fail(TKVK_EINVAL, "decode_plan_create: %d x %d pairs is too many",
+                          max_requests, num_kv_heads);
+    if (!tkvk_cuda_available())
+        return tkvk__fail(TKVK_ENODEV, "decode_plan_create: no usable GPU");
+
+    tkvk_decode_plan *pl = (tkvk_decode_plan *)calloc(1, sizeof *pl);
+    if (!pl)
+        return tkvk__fail(TKVK_EINVAL, "decode_plan_create: out of memory");
+    int rc = TKVK_OK, occ = 0;
+    size_t pairs = (size_t)max_requests * num_kv_heads;
+    AttendVariant v = pick_variant(head_dim, true, max_rows);
+    cudaError_t e;
+#define DEC_TRY(call)                                                                            \
+    do {                                                                                         \
+        e = (call);                                                                              \
+        if (e != cudaSuccess) {                                                                  \
+            rc = tkvk__fail(TKVK_ECUDA, "decode_plan_create: %s: %s", #call,                     \
+                            cudaGetErrorString(e));                                              \
+            goto fail;                                                                           \
+        }                                                                                        \
+    } while (0)
+    DEC_TRY(cudaGetDevice(&pl->device));
+    DEC_TRY(cudaDeviceGetAttribute(&pl->num_sms, cudaDevAttrMultiProcessorCount, pl->device));
+    rc = dec_set_smem_limits();
+    if (rc)
+        goto fail;
+    DEC_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, v.fn, v.threads, v.smem));
+    if (occ < 1)
+        occ = 1;
+    pl->grid = pl->num_sms * occ;
+    pl->min_tiles = TKVK_DECODE_DEFAULT_MIN_TILES;
+    pl->max_requests = max_requests;
+    pl->num_kv_heads = num_kv_heads;
+    pl->max_rows = max_rows;
+    pl->head_dim = head_dim;
+    pl->task_cap = (int)pairs + pl->grid;
+    pl->planned_requests = -1;
+    DEC_TRY(cudaMalloc((void **)&pl->tasks, (size_t)pl->task_cap * sizeof(int4)));
+    DEC_TRY(cudaMalloc((void **)&pl->task_len, (size_t)pl->task_cap * sizeof(int32_t)));
+    DEC_TRY(cudaMalloc((void **)&pl->bin_first, ((size_t)pl->grid + 1) * sizeof(int32_t)));
+    DEC_TRY(cudaMalloc((void **)&pl->pair_first, pairs * sizeof(int32_t)));
+    DEC_TRY(cudaMalloc((void **)&pl->pair_count, pairs * sizeof(int32_t)));
+    DEC_TRY(cudaMalloc((void **)&pl->info, 4 * sizeof(int32_t)));
+    DEC_TRY(cudaMalloc((void **)&pl->part_o,
+                       (size_t)pl->task_cap * max_rows * head_dim * sizeof(float)));
+    DEC_TRY(cudaMalloc((void **)&pl->part_lse, (size_t)pl->task_cap * max_rows * sizeof(float)));
+#undef DEC_TRY
+    *out = pl;
+    return TKVK_OK;
+fail:
+    tkvk_decode_plan_destroy(pl);
+    return rc;
+}
+
+extern "C" void tkvk_decode_plan_destroy(tkvk_decode_plan *pl)
+{
+    if (!pl)
+        return;
+    cudaFree(pl->tasks);
+    cudaFree(pl->task_len);
+    cudaFree(pl->bin_first);
+    cudaFree(pl->pair_first);
+    cudaFree(pl->pair_count);
+    cudaFree(pl->info);
+    cudaFree(pl->part_o);
+    cudaFree(pl->part_lse);
+    free(pl);
+}
+
+extern "C" int tkvk_decode_plan_grid(const tkvk_decode_plan *pl)
+{
+    return pl ? pl->grid : 0;
+}
+
+extern "C" int tkvk_decode_plan_set_min_tiles(tkvk_decode_plan *pl, int min_tiles_per_cta)
+{
+    if (!pl || min_tiles_per_cta < 1)
+        return tkvk__fail(TKVK_EINVAL, "decode_plan_set_min_tiles: plan NULL or floor %d < 1",
+                          min_tiles_per_cta);
+    pl->min_tiles = min_tiles_per_cta;
+    return TKVK_OK;
+}
+
+extern "C" int tkvk_decode_plan_cuda(tkvk_decode_plan *pl, const int32_t *kv_lens,
+                                     int num_requests, void *stream)
+{
+    if (!pl)
+        return tkvk__fail(TKVK_EINVAL, "decode_plan_cuda: plan is NULL");
+    if (num_requests < 0 || num_requests > pl->max_requests)
+        return tkvk__fail(TKVK_EINVAL, "decode_plan_cuda: num_requests %d outside 0..%d",
+                          num_requests, pl->max_requests);
+    if (num_requests > 0 && !kv_lens)
+        return tkvk__fail(TKVK_EINVAL, "decode_plan_cuda: kv_lens is NULL");
+    TKVK_CUDA_TRY(launch_pdl(dec_plan_kernel, dim3(1), dim3(kPlanThreads), 0,
+                             (cudaStream_t)stream, kv_lens, num_requests, pl->num_kv_heads,
+                             pl->grid, pl->min_tiles, pl->tasks, pl->task_len, pl->bin_first,
+                             pl->pair_first,
+                             pl->pair_count, pl->info));
+    TKVK_CUDA_TRY(cudaGetLastError());
+    pl->planned_requests = num_requests;
+    return TKVK_OK;
+}
+
+extern "C" int tkvk_decode_plan_download(tkvk_decode_plan *pl, tkvk_decode_map *map, void *stream)
+{
+    if (!pl || !map || !map->tasks)
+        return tkvk__fail(TKVK_EINVAL, "decode_plan_download: plan or map NULL / not initialised");
+    int pairs = pl->planned_requests * pl->num_kv_heads;
+    if (pl->planned_requests < 0)
+        return tkvk__fail(TKVK_EINVAL, "decode_plan_download: nothing planned yet");
+    if (map->num_pairs < pairs || map->grid < pl->grid)
+        return tkvk__fail(TKVK_EINVAL, "decode_plan_download: map too small (%d pairs, grid %d)",
+                          map->num_pairs, map->grid);
+    cudaStream_t s = (cudaStream_t)stream;
+    int32_t info[4];
+    TKVK_CUDA_TRY(cudaMemcpyAsync(info, pl->info, sizeof info, cudaMemcpyDeviceToHost, s));
+    TKVK_CUDA_TRY(cudaStreamSynchronize(s));
+    if (info[2] > pl->task_cap || info[2] < 0)
+        return tkvk__fail(TKVK_ECUDA, "decode_plan_download: device map has %d tasks", info[2]);
+    static_assert(sizeof(tkvk_decode_task) == sizeof(int4), "task layout");
+    TKVK_CUDA_TRY(cudaMemcpyAsync(map->tasks, pl->tasks, (size_t)info[2] * sizeof(int4),
+                                  cudaMemcpyDeviceToHost, s));
+    TKVK_CUDA_TRY(cudaMemcpyAsync(map->bin_first, pl->bin_first,
+                                  ((size_t)pl->grid + 1) * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+    if (pairs > 0) {
+        TKVK_CUDA_TRY(cudaMemcpyAsync(map->pair_first, pl->pair_first, (size_t)pairs * 4,
+                                      cudaMemcpyDeviceToHost, s));
+        TKVK_CUDA_TRY(cudaMemcpyAsync(map->pair_count, pl->pair_count, (size_t)pairs * 4,
+                                      cudaMemcpyDeviceToHost, s));
+    }
+    TKVK_CUDA_TRY(cudaStreamSynchronize(s));
+    map->grid = pl->grid;
+    map->num_bins = info[0];
+    map->num_tiles = info[1];
+    map->num_tasks = info[2];
+    map->tiles_per_cta = info[3];
+    return TKVK_OK;
+}
+
+/* ============================================================================================
+ * Attention entry points
+ * ========================================================================================== */
+
+static int dec_fill_params(const tkvk_decode_plan *pl, const tkvk_decode_args *a,
+                           const char *who, DecParams *p)
+{
+    int rc = tkvk__decode_check(a, who);
+    if (rc)
+        return rc;
+    const tkvk_layout *lay = a->layout;
+    int group = a->num_q_heads / lay->num_kv_heads;
+    int rows = group * a->q_len;
+    if (!pl)
+        return tkvk__fail(TKVK_EINVAL, "%s: plan is NULL", who);
+    if (lay->num_kv_heads != pl->num_kv_heads || lay->head_dim != pl->head_dim ||
+        rows > pl->max_rows || a->num_requests > pl->max_requests)
+        return tkvk__fail(TKVK_EINVAL,
+                          "%s: the plan was made for %d KV heads, head dim %d, %d rows, %d "
+                          "requests; got %d, %d, %d, %d",
+                          who, pl->num_kv_heads, pl->head_dim, pl->max_rows, pl->max_requests,
+                          lay->num_kv_heads, lay->head_dim, rows, a->num_requests);
+    memset(p, 0, sizeof *p);
+    p->pool_layer = (const uint8_t *)a->pool + (size_t)a->layer * lay->layer_stride;
+    p->block_stride = lay->block_stride;
+    p->token_stride = lay->token_stride;
+    p->v_offset = lay->v_offset;
+    p->kscale_offset = lay->kscale_offset;
+    p->page_tokens = lay->page_tokens;
+    p->page_shift = __builtin_ctz((unsigned)lay->page_tokens);
+    p->num_kv_heads = lay->num_kv_heads;
+    p->num_blocks = a->num_blocks;
+    p->block_table = a->block_table;
+    p->bt_stride = a->block_table_stride;
+    p->kv_lens = a->kv_lens;
+    p->num_requests = a->num_requests;
+    p->q = a->q;
+    p->q_scales = a->q_scales;
+    p->q_fp8 = a->q_dtype == TKVK_DTYPE_FP8_E4M3;
+    p->num_q_heads = a->num_q_heads;
+    p->group = group;
+    p->q_len = a->q_len;
+    p->rows = rows;
+    p->per_token_head = lay->scale_mode == TKVK_SCALE_PER_TOKEN_HEAD;
+    p->k_scale = a->k_scale;
+    p->v_scale = a->v_scale;
+    p->v_head_scales = a->v_head_scales;
+    p->score_scale = a->sm_scale * kLog2e;
+    p->part_o = pl->part_o;
+    p->part_lse = pl->part_lse;
+    return TKVK_OK;
+}
+
+template <int D>
+static cudaError_t dec_launch_combine(const CombineParams &cp, int pairs, cudaStream_t s)
+{
+    return launch_pdl(dec_combine_kernel<D>, dim3(pairs, cp.rows), dim3(kCombineThreads), 0, s,
+                      cp);
+}
+
+static int dec_combine(const tkvk_decode_plan *pl, const tkvk_decode_args *a, const DecParams &p,
+                       bool is_static, cudaStream_t s)
+{
+    CombineParams cp;
+    cp.part_o = pl->part_o;
+    cp.part_lse = pl->part_lse;
+    cp.pair_first = is_static ? nullptr : pl->pair_first;
+    cp.pair_count = is_static ? nullptr : pl->pair_count;
+    cp.static_splits = p.static_splits;
+    cp.num_kv_heads = p.num_kv_heads;
+    cp.num_q_heads = p.num_q_heads;
+    cp.group = p.group;
+    cp.q_len = p.q_len;
+    cp.rows = p.rows;
+    cp.head_dim = a->layout->head_dim;
+    cp.out = (uint16_t *)a->out;
+    cp.lse = a->lse;
+    int pairs = a->num_requests * p.num_kv_heads;
+    switch (cp.head_dim) {
+    case 64: TKVK_CUDA_TRY(dec_launch_combine<64>(cp, pairs, s)); break;
+    case 128: TKVK_CUDA_TRY(dec_launch_combine<128>(cp, pairs, s)); break;
+    default: TKVK_CUDA_TRY(dec_launch_combine<256>(cp, pairs, s)); break;
+    }
+    TKVK_CUDA_TRY(cudaGetLastError());
+    return TKVK_OK;
+}
+
+extern "C" int tkvk_decode_attend_cuda(tkvk_decode_plan *pl, const tkvk_decode_args *a,
+                                       void *stream)
+{
+    DecParams p;
+    int rc = dec_fill_params(pl, a, "decode_attend_cuda", &p);
+    if (rc)
+        return rc;
+    if (a->num_requests != pl->planned_requests)
+        return tkvk__fail(TKVK_EINVAL,
+                          "decode_attend_cuda: %d requests, but the last plan was for %d",
+                          a->num_requests, pl->planned_requests);
+    if (a->num_requests == 0)
+        return TKVK_OK;
+    p.tasks = pl->tasks;
+    p.task_len = pl->task_len;
+    p.bin_first = pl->bin_first;
+    cudaStream_t s = (cudaStream_t)stream;
+    AttendVariant v = pick_variant(a->layout->head_dim,
+                                   a->layout->kv_dtype == TKVK_DTYPE_FP8_E4M3, p.rows);
+    TKVK_CUDA_TRY(launch_pdl(v.fn, dim3(pl->grid), dim3(v.threads), v.smem, s, p));
+    TKVK_CUDA_TRY(cudaGetLastError());
+    return dec_combine(pl, a, p, false, s);
+}
+
+extern "C" int tkvk_decode_static_cuda(tkvk_decode_plan *pl, const tkvk_decode_args *a,
+                                       int max_kv_len, int num_splits, void *stream)
+{
+    DecParams p;
+    int rc = dec_fill_params(pl, a, "decode_static_cuda", &p);
+    if (rc)
+        return rc;
+    if (max_kv_len < 0 || num_splits < 0)
+        return tkvk__fail(TKVK_EINVAL, "decode_static_cuda: max_kv_len %d / num_splits %d < 0",
+                          max_kv_len, num_splits);
+    if (a->num_requests == 0)
+        return TKVK_OK;
+    int pairs = a->num_requests * p.num_kv_heads;
+    int splits = num_splits ? num_splits
+                            : tkvk__decode_static_splits(pairs, max_kv_len, pl->grid);
+    if ((int64_t)pairs * splits > pl->task_cap)
+        return tkvk__fail(TKVK_EINVAL, "decode_static_cuda: %d pairs x %d splits > workspace %d",
+                          pairs, splits, pl->task_cap);
+    int max_tiles = tkvk__decode_tiles(max_kv_len);
+    p.static_splits = splits;
+    p.static_chunk_tiles = max_tiles > 0 ? (max_tiles + splits - 1) / splits : 1;
+    cudaStream_t s = (cudaStream_t)stream;
+    AttendVariant v = pick_variant(a->layout->head_dim,
+                                   a->layout->kv_dtype == TKVK_DTYPE_FP8_E4M3, p.rows);
+    TKVK_CUDA_TRY(launch_pdl(v.fn, dim3(p.num_kv_heads, a->num_requests, splits),
+                             dim3(v.threads), v.smem, s, p));
+    TKVK_CUDA_TRY(cudaGetLastError());
+    return dec_combine(pl, a, p, true, s);
+}
+
+extern "C" int tkvk_merge_states_cuda(const uint16_t *o_a, const float *lse_a,
+                                      const uint16_t *o_b, const float *lse_b, int num_rows,
+                                      int head_dim, uint16_t *out, float *out_lse, void *stream)
+{
+    if (num_rows < 0 || head_dim < 1)
+        return tkvk__fail(TKVK_EINVAL, "merge_states_cuda: num_rows %d / head_dim %d", num_rows,
+                          head_dim);
+    if (num_rows == 0)
+        return TKVK_OK;
+    if (!o_a || !lse_a || !o_b || !lse_b || !out || !out_lse)
+        return tkvk__fail(TKVK_EINVAL, "merge_states_cuda: NULL input or output");
+    int rows_per_block = 8;
+    dec_merge_kernel<<<(num_rows + rows_per_block - 1) / rows_per_block, rows_per_block * 32, 0,
+                       (cudaStream_t)stream>>>(o_a, lse_a, o_b, lse_b, num_rows, head_dim, out,
+                                               out_lse);
+    TKVK_CUDA_TRY(cudaGetLastError());
+    return TKVK_OK;
+}

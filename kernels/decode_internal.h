@@ -1,0 +1,37 @@
+/* decode_internal.h - what decode.c and decode.cu share (not public).
+ *
+ * The argument checks are one function so the CPU and the CUDA entry points refuse exactly
+ * the same shapes with the same sentences. */
+#ifndef TKVK_DECODE_INTERNAL_H
+#define TKVK_DECODE_INTERNAL_H
+
+#include "tkvk_internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Largest GQA group and query length: group * q_len rows per (request, KV head). */
+#define TKVK_DECODE_MAX_GROUP 16
+#define TKVK_DECODE_MAX_Q_LEN 8
+#define TKVK_DECODE_MAX_ROWS (TKVK_DECODE_MAX_GROUP * TKVK_DECODE_MAX_Q_LEN)
+#define TKVK_DECODE_DEFAULT_MIN_TILES 4
+
+/* Shape checks common to every decode entry point (pointers are only checked for NULL;
+ * their contents are the CPU path's to validate). `who` prefixes the error sentence. */
+int tkvk__decode_check(const tkvk_decode_args *a, const char *who);
+
+/* Tiles of a request of kv_len tokens (negative lengths count as 0). */
+static inline int tkvk__decode_tiles(int32_t kv_len)
+{
+    return kv_len <= 0 ? 0 : (int)((kv_len + TKVK_DECODE_TILE_TOKENS - 1) / TKVK_DECODE_TILE_TOKENS);
+}
+
+/* Splits for the static baseline: enough CTAs over (pairs x splits) to fill `grid` CTA
+ * slots, never more splits than the longest request has tiles. */
+int tkvk__decode_static_splits(int num_pairs, int max_kv_len, int grid);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,36 @@
+/* tkvk_internal.h - internals shared by the kernel modules (not installed, not public).
+ *
+ * The one way a kernel module reports a failure: `return tkvk__fail(TKVK_E..., fmt, ...)`
+ * records the reason in the thread's tkvk_last_error() buffer and returns the code, so every
+ * refusal carries a sentence saying which argument and which value. Usable from C and CUDA.
+ */
+#ifndef TKVK_INTERNAL_H
+#define TKVK_INTERNAL_H
+
+#include "tkv_kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Formats the reason into the thread-local last-error buffer (truncated at 255 bytes) and
+ * returns `err` unchanged. */
+int tkvk__fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* 1 when v is one of the supported head dims / tokens-per-page values. */
+int tkvk__head_dim_ok(int head_dim);
+int tkvk__page_tokens_ok(int page_tokens);
+
+/* The checks tkvk_prologue_cpu() and tkvk_prologue_cuda() share (shapes, modes, required
+ * pointers); returns TKVK_OK or the refusal, with tkvk_last_error() set. `fn` names the
+ * caller in the message. Data-dependent checks (positions, slots) are the CPU's own. */
+int tkvk__prologue_check(const tkvk_prologue_params *p, const char *fn);
+
+/* tkvk_prologue_cuda() with the kernel's items per warp forced (1, 2, 4; 0 = its own choice),
+ * for the benchmark's comparison of the variants. Built with CUDA only. */
+int tkvk__prologue_cuda_tuned(const tkvk_prologue_params *p, void *stream, int items_per_warp);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
