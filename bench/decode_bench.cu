@@ -12,10 +12,11 @@
  * dynamic time / copy rate, where the copy rate is a 1 GiB device-to-device cudaMemcpy
  * (bytes read + written) measured in the same run.
  *
- * Usage: decode_bench [--json] [--peer FILE] [--quick]
+ * Usage: decode_bench [--json] [--peer FILE] [--quick] [--case NAME] [--hq N] [--qlen N]
  *   --json   print a JSON list of result objects on stdout (the table goes to stderr)
  *   --peer   FILE: JSON from bench/flashinfer_decode.py; its flashinfer_us joins the rows
  *   --quick  fewer replays (smoke runs)
+ *   --case, --hq, --qlen  run only the matching rows (profiling)
  * Exit 77 when no GPU is present.
  */
 #include <cuda_runtime.h>
@@ -337,9 +338,17 @@ int main(int argc, char **argv)
 {
     bool json = false;
     std::string peer;
+    const char *only_case = NULL;
+    int only_hq = 0, only_qlen = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json"))
             json = true;
+        else if (!strcmp(argv[i], "--case") && i + 1 < argc)
+            only_case = argv[++i];
+        else if (!strcmp(argv[i], "--hq") && i + 1 < argc)
+            only_hq = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--qlen") && i + 1 < argc)
+            only_qlen = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick")) {
             g_reps = 11;
             g_warm = 2;
@@ -355,7 +364,8 @@ int main(int argc, char **argv)
                 peer.append(buf, n);
             fclose(f);
         } else {
-            fprintf(stderr, "usage: decode_bench [--json] [--peer FILE] [--quick]\n");
+            fprintf(stderr, "usage: decode_bench [--json] [--peer FILE] [--quick] [--case NAME] "
+                            "[--hq N] [--qlen N]\n");
             return 2;
         }
     }
@@ -385,6 +395,9 @@ int main(int argc, char **argv)
     for (int qi = 0; qi < 2; qi++)
         for (int hi = 0; hi < 2; hi++)
             for (const BenchCase &bc : kCases) {
+                if ((only_case && strcmp(only_case, bc.name)) ||
+                    (only_hq && only_hq != heads[hi][0]) || (only_qlen && only_qlen != (qi ? 4 : 1)))
+                    continue;
                 Row r = run(bc, heads[hi][0], heads[hi][1], qi ? 4 : 1, s);
                 r.hbm_fraction = r.kv_bytes / (r.dyn * 1e-6) / rate;
                 r.peer = peer_lookup(peer, r);

@@ -231,47 +231,47 @@ int main(int argc, char **argv)
     uint32_t mapped = 0;
     for (uint32_t i = 0; i < GET_BLOCKS; i++)
         mapped += kvc_lease_block_ptr(b.c, l, i) != NULL;
-    int reps = 0;
-    double tm = tkvt_now(), t_end = tm + seconds;
-    while (tkvt_now() < t_end || reps < 3) {
-        if (kvc_get(b.c, l, 0, GET_BLOCKS, dst, nbytes) != KVC_OK) {
-            fprintf(stderr, "rpc_bench: get: %s\n", kvc_last_error());
-            goto out;
-        }
-        reps++;
-    }
-    double mapped_gbps = gbps((double)nbytes * reps, tkvt_now() - tm);
-    int exact = memcmp(dst, src, nbytes) == 0;
-    kvc_release(b.c, l);
-
     kvc_lease *lv;
     if (kvc_lookup(b.cv, tokens, (size_t)GET_BLOCKS * P, 0, &lv) != KVC_OK) {
         fprintf(stderr, "rpc_bench: lookup: %s\n", kvc_last_error());
+        kvc_release(b.c, l);
         goto out;
     }
-    reps = 0;
-    tm = tkvt_now();
-    t_end = tm + seconds;
-    while (tkvt_now() < t_end || reps < 3) {
-        if (kvc_get(b.cv, lv, 0, GET_BLOCKS, dst, nbytes) != KVC_OK) {
-            fprintf(stderr, "rpc_bench: get by value: %s\n", kvc_last_error());
-            goto out;
-        }
-        reps++;
-    }
-    double value_gbps = gbps((double)nbytes * reps, tkvt_now() - tm);
-    exact = exact && memcmp(dst, src, nbytes) == 0;
-    kvc_release(b.cv, lv);
-
-    reps = 0;
-    tm = tkvt_now();
-    t_end = tm + seconds;
-    while (tkvt_now() < t_end || reps < 3) {
+    /* Interleaved rounds, best of each: on a shared machine the neighbours' load comes and
+     * goes, and interleaving exposes the three copies to the same conditions. The first
+     * round also takes the page faults of the fresh mapping and buffers; it is not counted. */
+    double best_mapped = 0, best_value = 0, best_memcpy = 0;
+    int exact = 1;
+    double t_end = tkvt_now() + 3 * seconds;
+    for (int round = 0; round < 4 || tkvt_now() < t_end; round++) {
+        double ta = tkvt_now();
+        int r1 = kvc_get(b.c, l, 0, GET_BLOCKS, dst, nbytes);
+        double tb = tkvt_now();
+        exact = exact && r1 == KVC_OK && memcmp(dst, src, nbytes) == 0;
+        double tc = tkvt_now();
+        int r2 = kvc_get(b.cv, lv, 0, GET_BLOCKS, dst, nbytes);
+        double td = tkvt_now();
+        exact = exact && r2 == KVC_OK && memcmp(dst, src, nbytes) == 0;
+        double te = tkvt_now();
         memcpy(dst, src, nbytes);
         __asm__ __volatile__("" : : "r"(dst) : "memory"); /* keep the copy */
-        reps++;
+        double tf = tkvt_now();
+        if (r1 != KVC_OK || r2 != KVC_OK) {
+            fprintf(stderr, "rpc_bench: get: %s\n", kvc_last_error());
+            break;
+        }
+        if (round == 0)
+            continue;
+        if (gbps((double)nbytes, tb - ta) > best_mapped)
+            best_mapped = gbps((double)nbytes, tb - ta);
+        if (gbps((double)nbytes, td - tc) > best_value)
+            best_value = gbps((double)nbytes, td - tc);
+        if (gbps((double)nbytes, tf - te) > best_memcpy)
+            best_memcpy = gbps((double)nbytes, tf - te);
     }
-    double memcpy_gbps = gbps((double)nbytes * reps, tkvt_now() - tm);
+    kvc_release(b.c, l);
+    kvc_release(b.cv, lv);
+    double mapped_gbps = best_mapped, value_gbps = best_value, memcpy_gbps = best_memcpy;
 
     /* 4. the ceiling: redis GET over a UNIX socket, 1 client (latency) and N (throughput) */
     redis_result r1 = {0, 0, 0}, rn = {0, 0, 0};

@@ -1,16 +1,18 @@
 /* storage_bench.c - L3 write/read throughput against fio on the same file system, prefix
  * lookup latency and rate, and key-derivation throughput. A benchmark, never a test.
  *
- *   storage_bench [--dir DIR] [--blocks N] [--qd N] [--reps N] [--zstd-level N]
- *                 [--io auto|uring|psync] [--no-fio] [--json]
+ *   storage_bench [--dir DIR] [--blocks N] [--qd N] [--batch N] [--threads N] [--reps N]
+ *                 [--zstd-level N] [--io auto|uring|psync] [--no-fio] [--json]
  *
  * Block = 64 tokens of a 32-layer, 8-KV-head, head-dim-128 FP8 model: 4 MiB. Payloads are
  * FP8 e4m3 encodings of normally distributed values (what a KV cache holds), so they are
  * realistic for compression too; by default they are stored raw (zstd level 0), so the
  * figures measure the I/O path, not the compressor. The ceiling is fio (io_uring, O_DIRECT,
  * the same block size and queue depth, and for writes an fdatasync per queue-depth batch,
- * as the store syncs each batch), run in the same process run on the same directory.
- * Each figure is the median of --reps runs.
+ * as the store syncs each group of queue-depth writes), run by this program on the same
+ * directory. The L3 side is driven like the tier manager drives it: --threads callers
+ * (default 2) of --batch blocks per call (default 32), the queue depth split among them, so
+ * the total in flight equals fio's. Each figure is the median of --reps runs.
  */
 #include <errno.h>
 #include <math.h>
@@ -36,6 +38,8 @@ typedef struct cfg {
     int own_dir;
     size_t num_blocks;
     unsigned qd;
+    size_t batch;   /* blocks per put_batch / get_batch call */
+    int threads;    /* L3 callers; the queue depth is split among them */
     int reps;
     int zstd_level;
     int io_mode;
@@ -130,6 +134,70 @@ typedef struct l3_result {
     uint64_t stored_bytes, raw_bytes;
 } l3_result;
 
+/* One caller thread of the L3 phase: calls k = t, t + T, t + 2T, ... of per_call blocks. */
+typedef struct l3_worker {
+    tkv_l3 *l3;
+    const cfg *c;
+    int t;
+    size_t block_bytes;
+    uint8_t **payloads;
+    int num_payloads;
+    int write;
+    uint8_t **dst;          /* per_call aligned buffers (reads) */
+    int failed;
+} l3_worker;
+
+static void *l3_worker_main(void *p)
+{
+    l3_worker *w = p;
+    const cfg *c = w->c;
+    size_t n = c->num_blocks, per_call = c->batch;
+    tkv_l3_put_req *pr = calloc(per_call, sizeof(*pr));
+    tkv_l3_get_req *gr = calloc(per_call, sizeof(*gr));
+    uint32_t tokens[64];
+    for (int t = 0; t < 64; t++)
+        tokens[t] = (uint32_t)t;
+    for (size_t i = (size_t)w->t * per_call; i < n; i += (size_t)c->threads * per_call) {
+        size_t m = n - i < per_call ? n - i : per_call;
+        int rc;
+        for (size_t k = 0; k < m; k++) {
+            uint64_t id = i + k;
+            if (w->write) {
+                memset(&pr[k], 0, sizeof(pr[k]));
+                memcpy(pr[k].key.b, &id, sizeof(id));
+                pr[k].payload = w->payloads[id % (size_t)w->num_payloads];
+                pr[k].len = w->block_bytes;
+                pr[k].tokens = tokens;
+                pr[k].num_tokens = 64;
+            } else {
+                memset(&gr[k], 0, sizeof(gr[k]));
+                memcpy(gr[k].key.b, &id, sizeof(id));
+                gr[k].dst = w->dst[k];
+                gr[k].cap = w->block_bytes;
+            }
+        }
+        rc = w->write ? tkv_l3_put_batch(w->l3, pr, m) : tkv_l3_get_batch(w->l3, gr, m);
+        if (rc != TKV_OK) {
+            fprintf(stderr, "storage_bench: l3 %s: %s\n", w->write ? "put" : "get",
+                    tkv_strerror(rc));
+            w->failed = 1;
+            break;
+        }
+        /* a read batch must be the bytes written (cheap next to the I/O it follows) */
+        for (size_t k = 0; !w->write && k < m; k++)
+            if (memcmp(w->dst[k], w->payloads[(i + k) % (size_t)w->num_payloads],
+                       w->block_bytes) != 0) {
+                fprintf(stderr, "storage_bench: block %zu read back wrong\n", i + k);
+                w->failed = 1;
+            }
+    }
+    free(pr);
+    free(gr);
+    return NULL;
+}
+
+/* Writes then reads num_blocks blocks with `threads` callers; the queue depth is split among
+ * them (each caller's I/O context gets qd / threads), so the total in flight is fio's. */
 static void l3_run(const cfg *c, size_t block_bytes, uint8_t **payloads, int num_payloads,
                    const uint8_t fp[TKV_KEY_BYTES], l3_result *res)
 {
@@ -141,68 +209,49 @@ static void l3_run(const cfg *c, size_t block_bytes, uint8_t **payloads, int num
     tkv_l3_opts_set_max_block_bytes(o, block_bytes);
     tkv_l3_opts_set_zstd_level(o, c->zstd_level);
     tkv_l3_opts_set_io_mode(o, c->io_mode);
-    tkv_l3_opts_set_queue_depth(o, c->qd);
+    tkv_l3_opts_set_queue_depth(o, c->qd / (unsigned)c->threads);
     tkv_l3 *l3 = NULL;
     int rc = tkv_l3_open(dir, o, &l3);
     tkv_l3_opts_free(o);
     if (rc != TKV_OK)
         die("l3 open", rc);
 
-    size_t n = c->num_blocks, qd = c->qd;
-    tkv_l3_put_req *pr = calloc(qd, sizeof(*pr));
-    tkv_l3_get_req *gr = calloc(qd, sizeof(*gr));
-    uint32_t tokens[64];
-    for (int t = 0; t < 64; t++)
-        tokens[t] = (uint32_t)t;
-
-    uint64_t t0 = tkv_now_ns();
-    for (size_t i = 0; i < n; i += qd) {
-        size_t m = n - i < qd ? n - i : qd;
-        for (size_t k = 0; k < m; k++) {
-            uint64_t id = i + k;
-            memset(&pr[k], 0, sizeof(pr[k]));
-            memcpy(pr[k].key.b, &id, sizeof(id));
-            pr[k].payload = payloads[id % (size_t)num_payloads];
-            pr[k].len = block_bytes;
-            pr[k].tokens = tokens;
-            pr[k].num_tokens = 64;
+    l3_worker w[8];
+    pthread_t tid[8];
+    for (int phase = 1; phase >= 0; phase--) { /* write, then read */
+        for (int t = 0; t < c->threads; t++) {
+            w[t] = (l3_worker){.l3 = l3, .c = c, .t = t, .block_bytes = block_bytes,
+                               .payloads = payloads, .num_payloads = num_payloads,
+                               .write = phase};
+            if (!phase) {
+                w[t].dst = calloc(c->batch, sizeof(*w[t].dst));
+                for (size_t k = 0; k < c->batch; k++) {
+                    if (posix_memalign((void **)&w[t].dst[k], 4096, block_bytes) != 0)
+                        die("memory", TKV_ENOMEM);
+                    memset(w[t].dst[k], 0, block_bytes); /* fault in outside the timing */
+                }
+            }
         }
-        rc = tkv_l3_put_batch(l3, pr, m);
-        if (rc != TKV_OK)
-            die("l3 put", rc);
+        uint64_t t0 = tkv_now_ns();
+        for (int t = 0; t < c->threads; t++)
+            pthread_create(&tid[t], NULL, l3_worker_main, &w[t]);
+        for (int t = 0; t < c->threads; t++)
+            pthread_join(tid[t], NULL);
+        double gbps = (double)c->num_blocks * (double)block_bytes / (double)(tkv_now_ns() - t0);
+        for (int t = 0; t < c->threads; t++) {
+            if (w[t].failed)
+                exit(1);
+            if (w[t].dst) {
+                for (size_t k = 0; k < c->batch; k++)
+                    free(w[t].dst[k]);
+                free(w[t].dst);
+            }
+        }
+        if (phase)
+            res->write_gbps = gbps;
+        else
+            res->read_gbps = gbps;
     }
-    uint64_t t1 = tkv_now_ns();
-    res->write_gbps = (double)n * (double)block_bytes / (double)(t1 - t0);
-
-    uint8_t **dst = calloc(qd, sizeof(*dst));
-    for (size_t k = 0; k < qd; k++)
-        if (posix_memalign((void **)&dst[k], 4096, block_bytes) != 0)
-            die("memory", TKV_ENOMEM);
-    for (size_t k = 0; k < qd; k++)
-        memset(dst[k], 0, block_bytes); /* fault the pages in outside the timing */
-    t0 = tkv_now_ns();
-    for (size_t i = 0; i < n; i += qd) {
-        size_t m = n - i < qd ? n - i : qd;
-        for (size_t k = 0; k < m; k++) {
-            uint64_t id = i + k;
-            memset(&gr[k], 0, sizeof(gr[k]));
-            memcpy(gr[k].key.b, &id, sizeof(id));
-            gr[k].dst = dst[k];
-            gr[k].cap = block_bytes;
-        }
-        rc = tkv_l3_get_batch(l3, gr, m);
-        if (rc != TKV_OK)
-            die("l3 get", rc);
-    }
-    t1 = tkv_now_ns();
-    res->read_gbps = (double)n * (double)block_bytes / (double)(t1 - t0);
-    /* the last batch read back must be the bytes written (checked outside the timing) */
-    size_t last = (n - 1) / qd * qd;
-    for (size_t k = 0; last + k < n; k++)
-        if (memcmp(dst[k], payloads[(last + k) % (size_t)num_payloads], block_bytes) != 0) {
-            fprintf(stderr, "storage_bench: block %zu read back wrong\n", last + k);
-            exit(1);
-        }
 
     tkv_l3_stats st;
     tkv_l3_get_stats(l3, &st);
@@ -211,11 +260,6 @@ static void l3_run(const cfg *c, size_t block_bytes, uint8_t **payloads, int num
     res->raw_bytes = st.raw_bytes;
     tkv_l3_close(l3);
     rm_tree(dir);
-    for (size_t k = 0; k < qd; k++)
-        free(dst[k]);
-    free(dst);
-    free(pr);
-    free(gr);
 }
 
 /* ---- fio ceiling -------------------------------------------------------------------------- */
@@ -428,14 +472,16 @@ static void describe(const char *dir, char *out, size_t n)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: storage_bench [--dir DIR] [--blocks N] [--qd N] [--reps N] "
+    fprintf(stderr, "usage: storage_bench [--dir DIR] [--blocks N] [--qd N] [--batch N] "
+                    "[--threads N] [--reps N] "
                     "[--zstd-level N] [--io auto|uring|psync] [--no-fio] [--json]\n");
     exit(2);
 }
 
 int main(int argc, char **argv)
 {
-    cfg c = {.num_blocks = 256, .qd = 32, .reps = 3, .zstd_level = 0, .io_mode = TKV_IO_AUTO,
+    cfg c = {.num_blocks = 256, .qd = 32, .batch = 32, .threads = 2, .reps = 3, .zstd_level = 0,
+             .io_mode = TKV_IO_AUTO,
              .fio = 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -452,6 +498,12 @@ int main(int argc, char **argv)
             i++;
         } else if (v && strcmp(a, "--qd") == 0) {
             c.qd = (unsigned)strtoul(v, NULL, 10);
+            i++;
+        } else if (v && strcmp(a, "--batch") == 0) {
+            c.batch = strtoul(v, NULL, 10);
+            i++;
+        } else if (v && strcmp(a, "--threads") == 0) {
+            c.threads = atoi(v);
             i++;
         } else if (v && strcmp(a, "--reps") == 0) {
             c.reps = atoi(v);
@@ -470,7 +522,9 @@ int main(int argc, char **argv)
             usage();
         }
     }
-    if (c.num_blocks < 1 || c.qd < 1 || c.qd > 1024 || c.reps < 1 || c.reps > MAX_REPS ||
+    if (c.num_blocks < 1 || c.qd < 1 || c.qd > 1024 || c.batch < 1 || c.batch > 4096 ||
+        c.reps < 1 || c.reps > MAX_REPS || c.threads < 1 || c.threads > 8 ||
+        c.qd % (unsigned)c.threads != 0 ||
         c.zstd_level < 0 || c.zstd_level > 19)
         usage();
     char tmpl[4096];
@@ -508,16 +562,20 @@ int main(int argc, char **argv)
     double lw[MAX_REPS], lr[MAX_REPS], fw[MAX_REPS], fr[MAX_REPS];
     l3_result l3r = {0};
     for (int r = 0; r < c.reps; r++) {
-        if (c.fio) {
-            fw[r] = fio_run(&c, block_bytes, 1) / 1e9;
-            fr[r] = fio_run(&c, block_bytes, 0) / 1e9;
-            char p[4200];
-            snprintf(p, sizeof(p), "%s/fio.dat", c.dir);
-            unlink(p);
+        /* alternate which goes first, so a drift of the disk does not favour one side */
+        for (int half = 0; half < 2; half++) {
+            if ((half == 0) == (r % 2 == 0)) {
+                l3_run(&c, block_bytes, payloads, NUM_PAYLOADS, fp, &l3r);
+                lw[r] = l3r.write_gbps;
+                lr[r] = l3r.read_gbps;
+            } else if (c.fio) {
+                fw[r] = fio_run(&c, block_bytes, 1) / 1e9;
+                fr[r] = fio_run(&c, block_bytes, 0) / 1e9;
+                char p[4200];
+                snprintf(p, sizeof(p), "%s/fio.dat", c.dir);
+                unlink(p);
+            }
         }
-        l3_run(&c, block_bytes, payloads, NUM_PAYLOADS, fp, &l3r);
-        lw[r] = l3r.write_gbps;
-        lr[r] = l3r.read_gbps;
         if (!c.json)
             fprintf(stderr, "rep %d: l3 write %.3f read %.3f GB/s; fio write %.3f read %.3f GB/s\n",
                     r + 1, lw[r], lr[r], c.fio ? fw[r] : 0.0, c.fio ? fr[r] : 0.0);
@@ -536,10 +594,12 @@ int main(int argc, char **argv)
 
     if (c.json) {
         printf("{\"machine\":\"%s\",\"dir\":\"%s\",\"block_bytes\":%zu,\"blocks\":%zu,"
-               "\"queue_depth\":%u,\"reps\":%d,\"zstd_level\":%d,\"l3_io\":\"%s\","
+               "\"queue_depth\":%u,\"batch\":%zu,\"threads\":%d,\"reps\":%d,"
+               "\"zstd_level\":%d,\"l3_io\":\"%s\","
                "\"stored_over_raw\":%.4f,"
                "\"l3_write_gbps\":%.4f,\"l3_read_gbps\":%.4f,",
-               machine, c.dir, block_bytes, c.num_blocks, c.qd, c.reps, c.zstd_level, io,
+               machine, c.dir, block_bytes, c.num_blocks, c.qd, c.batch, c.threads, c.reps,
+               c.zstd_level, io,
                l3r.raw_bytes ? (double)l3r.stored_bytes / (double)l3r.raw_bytes : 0.0, l3w,
                l3rd);
         if (fio_ok)
@@ -555,8 +615,10 @@ int main(int argc, char **argv)
     } else {
         printf("storage_bench: %s\n", machine);
         printf("block %zu bytes (64 tokens, 32 layers, 8 KV heads, dim 128, FP8), %zu blocks, "
-               "QD %u, median of %d, zstd level %d (stored/raw %.3f), L3 via %s\n",
-               block_bytes, c.num_blocks, c.qd, c.reps, c.zstd_level,
+               "QD %u (L3: %d callers x QD %u, %zu blocks per call), median of %d, zstd level %d "
+               "(stored/raw %.3f), L3 via %s\n",
+               block_bytes, c.num_blocks, c.qd, c.threads, c.qd / (unsigned)c.threads, c.batch,
+               c.reps, c.zstd_level,
                l3r.raw_bytes ? (double)l3r.stored_bytes / (double)l3r.raw_bytes : 0.0, io);
         printf("%-28s %12s %12s %10s\n", "metric", "tierkv L3", "fio", "L3/fio");
         if (fio_ok) {

@@ -2,3 +2,32 @@
 # and prints prefix hit rates per policy and capacity (docs/perf-policy.md).
 add_executable(trace_replay ${CMAKE_CURRENT_SOURCE_DIR}/trace_replay.c)
 target_link_libraries(trace_replay PRIVATE tkv_storage)
+
+# Smoke runs (not timed): the replay works end to end on the first requests of the shipped
+# trace through the real store, and bad input is reported, skipped, or refused.
+add_test(NAME bench_trace_replay_smoke
+         COMMAND trace_replay --trace ${TKV_DATA_DIR}/mooncake_conversation_trace.jsonl
+                 --capacity 200,1000 --requests 400 --json)
+set_tests_properties(bench_trace_replay_smoke PROPERTIES TIMEOUT 300
+                     PASS_REGULAR_EXPRESSION "\"policy\": \"tierkv\".*\"hit_rate\"")
+file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/trace_bad_lines.jsonl
+     "{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 1, \"hash_ids\": [1, 2]}\n"
+     "not json\n"
+     "{\"timestamp\": 5, \"input_length\": 100, \"output_length\": 1, \"hash_ids\": [1, 3]}\n"
+     "{\"timestamp\": 9, \"input_length\": 1000, \"output_length\": 1, \"hash_ids\": [1, -2]}\n"
+     "{\"timestamp\": 12, \"input_length\": 1024, \"output_length\": 7, \"hash_ids\": [1, 2]}\n")
+add_test(NAME bench_trace_replay_bad_lines
+         COMMAND trace_replay --trace ${CMAKE_CURRENT_BINARY_DIR}/trace_bad_lines.jsonl
+                 --capacity 1 --fast)
+set_tests_properties(bench_trace_replay_bad_lines PROPERTIES
+                     PASS_REGULAR_EXPRESSION "trace_bad_lines.jsonl:2: bad line skipped.*:3: bad line skipped.*:4: bad line skipped.*3 bad line\\(s\\) skipped")
+file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/trace_no_valid.jsonl "{\"timestamp\": 1}\n")
+add_test(NAME bench_trace_replay_no_valid
+         COMMAND trace_replay --trace ${CMAKE_CURRENT_BINARY_DIR}/trace_no_valid.jsonl
+                 --capacity 1)
+set_tests_properties(bench_trace_replay_no_valid PROPERTIES WILL_FAIL TRUE)
+
+# policy_bench: nanoseconds per block operation of each registered policy at 10^4..10^6 blocks
+# (O(1) per operation shows as a flat line).
+add_executable(policy_bench ${CMAKE_CURRENT_SOURCE_DIR}/policy_bench.c)
+target_link_libraries(policy_bench PRIVATE tkv_storage)

@@ -699,31 +699,26 @@ static void id_tokens(uint64_t id, uint32_t *out)
         out[k] = (uint32_t)(mix64(id * kTraceBlockTokens + k) % 200000u);
 }
 
-static int run_store(const trace *t, const char *policy, uint64_t capacity,
-                     uint32_t block_tokens, double speedup, result *res)
+/* The geometry the replay's blocks are keyed under, and every node's keys: the chain of its
+ * P-token blocks, continuing its parent's chain. Nodes are numbered in first-seen order, so a
+ * parent's keys are always computed first. Computed once per process (it hashes every token
+ * of the trace once). */
+typedef struct replay_keys {
+    uint8_t fp[TKV_KEY_BYTES];
+    tkv_key *node_keys; /* num_nodes * (512 / block_tokens) */
+} replay_keys;
+
+static void replay_keys_build(const trace *t, uint32_t block_tokens, replay_keys *rk)
 {
     const uint32_t per = kTraceBlockTokens / block_tokens;
-    const size_t block_bytes = 64;
-    int rc = TKV_OK;
-    tkv_store *s = NULL;
-    tkv_store_opts *o = tkv_store_opts_new();
-    tkv_key *node_keys = NULL, *keys = NULL;
-    uint32_t *tokens = NULL;
-    const void **payloads = NULL;
-    uint8_t *payload = NULL;
-    uint32_t max_blocks = 0;
-
-    /* Keys per node: the chain of its P-token blocks, continuing its parent's chain. Nodes
-     * are numbered in first-seen order, so a parent's keys are always computed first. */
     tkv_geometry g = {.num_layers = 1, .num_kv_heads = 1, .head_dim = 64,
                       .block_tokens = block_tokens, .dtype = TKV_DTYPE_FP8_E4M3,
                       .scale_mode = TKV_SCALE_PER_TENSOR};
     snprintf(g.model_id, sizeof(g.model_id), "trace-replay");
-    uint8_t fp[TKV_KEY_BYTES];
-    tkv_geometry_fingerprint(&g, fp);
+    tkv_geometry_fingerprint(&g, rk->fp);
     tkv_key root;
-    tkv_key_root(fp, "", 0, &root);
-    node_keys = tkv_xmalloc(t->num_nodes * per * sizeof(*node_keys));
+    tkv_key_root(rk->fp, "", 0, &root);
+    tkv_key *node_keys = tkv_xmalloc(t->num_nodes * per * sizeof(*node_keys));
     uint32_t tok[kTraceBlockTokens];
     for (size_t n = 0; n < t->num_nodes; n++) {
         id_tokens(t->node_id[n], tok);
@@ -736,6 +731,24 @@ static int run_store(const trace *t, const char *policy, uint64_t capacity,
             prev = &node_keys[n * per + b];
         }
     }
+    rk->node_keys = node_keys;
+}
+
+static int run_store(const trace *t, const replay_keys *rk, const char *policy,
+                     uint64_t capacity, uint32_t block_tokens, double speedup, result *res)
+{
+    const uint32_t per = kTraceBlockTokens / block_tokens;
+    const size_t block_bytes = 64;
+    int rc = TKV_OK;
+    tkv_store *s = NULL;
+    tkv_store_opts *o = tkv_store_opts_new();
+    const tkv_key *node_keys = rk->node_keys;
+    tkv_key *keys = NULL;
+    uint32_t *tokens = NULL;
+    const void **payloads = NULL;
+    uint8_t *payload = NULL;
+    uint32_t max_blocks = 0;
+
     for (size_t ir = 0; ir < t->num_reqs; ir++)
         if (t->reqs[ir].num_blocks > max_blocks)
             max_blocks = t->reqs[ir].num_blocks;
@@ -748,7 +761,7 @@ static int run_store(const trace *t, const char *policy, uint64_t capacity,
         payloads[i] = payload;
 
     if ((rc = tkv_store_opts_set_block(o, block_bytes, block_tokens)) != TKV_OK ||
-        (rc = tkv_store_opts_set_fingerprint(o, fp)) != TKV_OK ||
+        (rc = tkv_store_opts_set_fingerprint(o, rk->fp)) != TKV_OK ||
         (rc = tkv_store_opts_set_l2_blocks(o, capacity * per)) != TKV_OK ||
         (rc = tkv_store_opts_set_l3(o, NULL, 0)) != TKV_OK ||
         (rc = tkv_store_opts_set_write_through(o, false)) != TKV_OK ||
@@ -803,7 +816,6 @@ static int run_store(const trace *t, const char *policy, uint64_t capacity,
 fail:
     tkv_store_close(s);
     tkv_store_opts_free(o);
-    free(node_keys);
     free(keys);
     free(tokens);
     free(payloads);
@@ -814,6 +826,22 @@ fail:
 /* ============================================================================================
  * Command line
  * ========================================================================================== */
+
+/* Writes s as a JSON string (quotes, backslashes and control characters escaped). */
+static void json_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c < 0x20)
+            fprintf(f, "\\u%04x", c);
+        else
+            fputc(c, f);
+    }
+    fputc('"', f);
+}
 
 static void usage(FILE *f)
 {
@@ -854,6 +882,7 @@ int main(int argc, char **argv)
     trace t = {0};
     result *results = NULL;
     size_t num_results = 0;
+    replay_keys rk = {0};
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -961,7 +990,9 @@ int main(int argc, char **argv)
                 st = run_sim(&t, tkv_policy_find(pols[ip]), caps[ic], speedup, res);
             } else {
                 res->mode = "store";
-                st = run_store(&t, pols[ip], caps[ic], (uint32_t)block_tokens, speedup, res);
+                if (!rk.node_keys)
+                    replay_keys_build(&t, (uint32_t)block_tokens, &rk);
+                st = run_store(&t, &rk, pols[ip], caps[ic], (uint32_t)block_tokens, speedup, res);
             }
             if (st != TKV_OK)
                 goto fail;
@@ -976,13 +1007,15 @@ int main(int argc, char **argv)
         printf("[\n");
         for (size_t i = 0; i < num_results; i++) {
             const result *r = &results[i];
-            printf("  {\"trace\": \"%s\", \"capacity_blocks\": %" PRIu64 ", \"policy\": \"%s\", "
+            printf("  {\"trace\": ");
+            json_string(stdout, trace_path);
+            printf(", \"capacity_blocks\": %" PRIu64 ", \"policy\": \"%s\", "
                    "\"mode\": \"%s\", \"block_tokens\": %" PRIu64 ", \"requests\": %" PRIu64
                    ", \"blocks\": %" PRIu64 ", \"hit_blocks\": %" PRIu64
                    ", \"hit_rate\": %.6f, \"tokens\": %" PRIu64 ", \"hit_tokens\": %" PRIu64
                    ", \"token_hit_rate\": %.6f, \"hit_rate_tier\": {\"l1\": %.6f, \"l2\": %.6f, "
                    "\"l3\": %.6f}, \"evictions\": %" PRIu64 ", \"seconds\": %.3f}%s\n",
-                   trace_path, r->capacity_blocks, r->policy, r->mode,
+                   r->capacity_blocks, r->policy, r->mode,
                    strcmp(r->mode, "store") == 0 ? block_tokens : (uint64_t)kTraceBlockTokens,
                    r->requests, r->blocks, r->hit_blocks,
                    (double)r->hit_blocks / (double)r->blocks, r->tokens, r->hit_tokens,
@@ -1008,6 +1041,7 @@ int main(int argc, char **argv)
 fail:
     free(pol_copy);
     free(results);
+    free(rk.node_keys);
     trace_free(&t);
     return rc;
 }

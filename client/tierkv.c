@@ -254,6 +254,18 @@ static void json_str(const char *s)
 
 static double pct(uint64_t a, uint64_t b) { return b ? 100.0 * (double)a / (double)b : 0.0; }
 
+/* A tier without a capacity limit reports 0 or UINT64_MAX blocks. */
+static int unbounded(uint64_t capacity_blocks)
+{
+    return capacity_blocks == 0 || capacity_blocks == UINT64_MAX;
+}
+
+/* Occupancy 0..1, or -1 for an unbounded tier (printed as null in JSON). */
+static double occupancy(const kvc_tier_stats *t)
+{
+    return unbounded(t->capacity_blocks) ? -1.0 : (double)t->blocks / (double)t->capacity_blocks;
+}
+
 /* =========================================================================================
  * commands
  * ========================================================================================= */
@@ -326,9 +338,16 @@ static int cmd_status(kvc_client *c, const cli *o)
         const kvc_tier_stats *ts = &s.tiers[t];
         if (!ts->capacity_blocks && !ts->blocks && !ts->hit_blocks)
             continue;
-        printf("%-5s %12" PRIu64 " %14" PRIu64 " %12" PRIu64 " %8.1f%% %12" PRIu64 "%s\n",
-               kvc_tier_name(t), ts->blocks, ts->bytes, ts->capacity_blocks,
-               pct(ts->blocks, ts->capacity_blocks), ts->hit_blocks,
+        char cap[24], used[16];
+        if (unbounded(ts->capacity_blocks)) {
+            snprintf(cap, sizeof(cap), "unlimited");
+            snprintf(used, sizeof(used), "-");
+        } else {
+            snprintf(cap, sizeof(cap), "%" PRIu64, ts->capacity_blocks);
+            snprintf(used, sizeof(used), "%.1f%%", pct(ts->blocks, ts->capacity_blocks));
+        }
+        printf("%-5s %12" PRIu64 " %14" PRIu64 " %12s %9s %12" PRIu64 "%s\n", kvc_tier_name(t),
+               ts->blocks, ts->bytes, cap, used, ts->hit_blocks,
                t == KVC_TIER_L3 && s.l3_readonly ? "  (read-only)" : "");
     }
     printf("lookups %" PRIu64 ", blocks hit %" PRIu64 " / %" PRIu64 " (%.1f%%), tokens saved %" PRIu64
@@ -395,8 +414,7 @@ static int cmd_top(kvc_client *c, const cli *o)
                    "\"lookup_p99_us\":%.1f,\"checksum_failures\":%" PRIu64
                    ",\"io_errors\":%" PRIu64 ",\"leases_active\":%" PRIu64 "}\n",
                    dt, lookups_s, all_hit / 100, hit[1] / 100, hit[2] / 100, hit[3] / 100, saved_s,
-                   pct(cur.tiers[2].blocks, cur.tiers[2].capacity_blocks) / 100,
-                   pct(cur.tiers[3].blocks, cur.tiers[3].capacity_blocks) / 100, promo_s, demo_s,
+                   occupancy(&cur.tiers[2]), occupancy(&cur.tiers[3]), promo_s, demo_s,
                    cur.lookup_p50_us, cur.lookup_p99_us, cur.checksum_failures, cur.io_errors,
                    cur.leases_active);
         } else {
@@ -408,10 +426,15 @@ static int cmd_top(kvc_client *c, const cli *o)
                    lookups_s, all_hit, hit[1], hit[2], hit[3]);
             printf("tokens saved/s %10.0f\n", saved_s);
             for (int k = KVC_TIER_L1; k <= KVC_TIER_L3; k++)
-                if (cur.tiers[k].capacity_blocks || cur.tiers[k].blocks)
-                    printf("occupancy %-3s %5.1f%%  (%" PRIu64 " / %" PRIu64 " blocks)\n",
-                           kvc_tier_name(k), pct(cur.tiers[k].blocks, cur.tiers[k].capacity_blocks),
-                           cur.tiers[k].blocks, cur.tiers[k].capacity_blocks);
+                if (cur.tiers[k].capacity_blocks || cur.tiers[k].blocks) {
+                    if (unbounded(cur.tiers[k].capacity_blocks))
+                        printf("occupancy %-3s %" PRIu64 " blocks (no limit)\n", kvc_tier_name(k),
+                               cur.tiers[k].blocks);
+                    else
+                        printf("occupancy %-3s %5.1f%%  (%" PRIu64 " / %" PRIu64 " blocks)\n",
+                               kvc_tier_name(k), 100 * occupancy(&cur.tiers[k]),
+                               cur.tiers[k].blocks, cur.tiers[k].capacity_blocks);
+                }
             printf("promotions/s %8.1f   demotions/s %8.1f   evictions %" PRIu64 "\n", promo_s,
                    demo_s, cur.evictions);
             printf("lookup latency p50 %.1f us  p99 %.1f us\n", cur.lookup_p50_us,

@@ -39,7 +39,17 @@ struct tkvd_attach {
     conn *conns;
     size_t num_conns, cap_conns;
     uint64_t next_id;
+    bool have_gpu;
+    tkv_attach_gpu gpu;   /* sent after the reply when have_gpu */
 };
+
+void tkvd_attach_offer_gpu(tkvd_attach *a, const tkv_attach_gpu *gpu)
+{
+    pthread_mutex_lock(&a->mu);
+    a->gpu = *gpu;
+    a->have_gpu = true;
+    pthread_mutex_unlock(&a->mu);
+}
 
 bool tkvd_attach_client_live(tkvd_attach *a, uint64_t client_id)
 {
@@ -135,8 +145,13 @@ static bool on_hello(tkvd_attach *a, size_t i)
     rep.l2_bytes = tkv_store_l2_bytes(a->store);
     rep.block_bytes = tkv_store_block_bytes(a->store);
     rep.block_tokens = tkv_store_block_tokens(a->store);
-    rep.flags = 0; /* no L1 pool yet */
-    if (send_reply(a, c->fd, &rep, true) != 0) {
+    pthread_mutex_lock(&a->mu);
+    bool gpu = a->have_gpu;
+    pthread_mutex_unlock(&a->mu);
+    rep.flags = gpu ? TKV_ATTACH_F_L1 : 0;
+    if (send_reply(a, c->fd, &rep, true) != 0 ||
+        (gpu && send(c->fd, &a->gpu, sizeof(a->gpu), MSG_NOSIGNAL | MSG_DONTWAIT) !=
+                    (ssize_t)sizeof(a->gpu))) {
         TKV_LOG(TKV_LOG_INFO, "attach: could not answer pid %u: %s", h.pid, strerror(errno));
         return false;
     }

@@ -56,6 +56,9 @@ static const key_def kKeys[] = {
      "host-memory pool size, K/M/G suffixes (default 256M)"},
     {"l2_blocks", K_U64, OFF(l2_blocks), 0, UINT64_C(1) << 32, NULL,
      "host-memory pool in blocks; 0 = from l2_bytes (default 0)"},
+    {"l1_bytes", K_SIZE, OFF(l1_bytes), 0, UINT64_C(1) << 44, NULL,
+     "GPU pool (L1) size in HBM, 0 = off; used only where a GPU is present (default 1G)"},
+    {"gpu_device", K_INT, OFF(gpu_device), 0, 63, NULL, "CUDA device of the L1 pool (default 0)"},
     {"l3", K_BOOL, OFF(l3_enabled), 0, 1, NULL, "local store on/off (default on)"},
     {"l3_dir", K_STR, OFF(l3_dir), 0, PATH_MAX - 1, NULL, "local store folder (default <data_dir>/l3)"},
     {"l3_capacity_bytes", K_SIZE, OFF(l3_capacity_bytes), 0, UINT64_MAX, NULL,
@@ -231,6 +234,7 @@ void tkvd_config_init(tkvd_config *c)
     c->geometry.scale_mode = TKV_SCALE_PER_TENSOR;
     snprintf(c->geometry.model_id, sizeof(c->geometry.model_id), "tierkv-demo");
     c->l2_bytes = UINT64_C(256) << 20;
+    c->l1_bytes = UINT64_C(1) << 30;
     c->l3_enabled = true;
     c->l3_dir = tkv_xstrdup("");
     c->zstd_level = 1;

@@ -19,7 +19,9 @@
 #include "tkv_kernels.h"
 
 #define kChunkAlign (2ull << 20)
-#define kMaxChunkBytes (16ull << 30) /* big enough that most pools are one allocation */
+/* One allocation as long as the device grants it: kernels address a pool by one base
+ * pointer and block ids, so a single chunk lets a block table mix any blocks. */
+#define kMaxChunkBytes (1ull << 40)
 #define kNumStreams 8
 
 struct tkvd_gpu {
@@ -77,11 +79,10 @@ static double probe_h2d(tkvd_gpu *g)
     return ms > 0 ? (double)bytes / 1e9 / (ms / 1e3) : 0;
 }
 
-int tkvd_gpu_open(int ordinal, uint64_t num_blocks, size_t block_bytes, void *l2_base,
-                  uint64_t l2_bytes, tkvd_gpu **out)
+int tkvd_gpu_open(int ordinal, uint64_t num_blocks, size_t block_bytes, tkvd_gpu **out)
 {
     *out = NULL;
-    if (num_blocks == 0 || block_bytes == 0 || !l2_base || l2_bytes == 0)
+    if (num_blocks == 0 || block_bytes == 0)
         return TKV_EINVAL;
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
@@ -99,8 +100,6 @@ int tkvd_gpu_open(int ordinal, uint64_t num_blocks, size_t block_bytes, void *l2
     g->device = ordinal;
     g->block_bytes = block_bytes;
     g->num_blocks = num_blocks;
-    g->l2_base = l2_base;
-    g->l2_bytes = l2_bytes;
     pthread_mutex_init(&g->mu, NULL);
     pthread_cond_init(&g->cv, NULL);
     if ((e = cudaSetDevice(ordinal)) != cudaSuccess) {
@@ -142,22 +141,32 @@ int tkvd_gpu_open(int ordinal, uint64_t num_blocks, size_t block_bytes, void *l2
             rc = cuda_fail("cudaStreamCreate", e);
             goto fail;
         }
-    if (tkvk_host_register(l2_base, l2_bytes) != TKVK_OK) {
-        TKV_LOG(TKV_LOG_WARN, "gpu: pinning L2: %s", tkvk_last_error());
-        rc = TKV_EUNSUPPORTED;
-        goto fail;
-    }
-    g->l2_pinned = true;
-    g->h2d_gbps = probe_h2d(g);
-    TKV_LOG(TKV_LOG_INFO, "gpu: L1 pool %llu blocks in %u chunk(s) of %llu MiB on %s; "
-            "L2 pinned; host-to-device %.1f GB/s", (unsigned long long)num_blocks,
-            g->num_chunks, (unsigned long long)(g->chunk_bytes >> 20), g->pci_bus_id,
-            g->h2d_gbps);
+    TKV_LOG(TKV_LOG_INFO, "gpu: L1 pool %llu blocks in %u chunk(s) of %llu MiB on %s",
+            (unsigned long long)num_blocks, g->num_chunks,
+            (unsigned long long)(g->chunk_bytes >> 20), g->pci_bus_id);
     *out = g;
     return TKV_OK;
 fail:
     tkvd_gpu_close(g);
     return rc;
+}
+
+int tkvd_gpu_pin_l2(tkvd_gpu *g, void *l2_base, uint64_t l2_bytes)
+{
+    if (!g || !l2_base || l2_bytes == 0 || g->l2_pinned)
+        return TKV_EINVAL;
+    cudaSetDevice(g->device);
+    if (tkvk_host_register(l2_base, l2_bytes) != TKVK_OK) {
+        TKV_LOG(TKV_LOG_WARN, "gpu: pinning L2: %s", tkvk_last_error());
+        return TKV_EUNSUPPORTED;
+    }
+    g->l2_base = l2_base;
+    g->l2_bytes = l2_bytes;
+    g->l2_pinned = true;
+    g->h2d_gbps = probe_h2d(g);
+    TKV_LOG(TKV_LOG_INFO, "gpu: L2 pinned (%llu MiB); host-to-device %.1f GB/s",
+            (unsigned long long)(l2_bytes >> 20), g->h2d_gbps);
+    return TKV_OK;
 }
 
 void tkvd_gpu_close(tkvd_gpu *g)
@@ -230,6 +239,8 @@ static int move(tkvd_gpu *g, bool up, const uint64_t *l1_slots, const uint64_t *
 {
     if (n == 0)
         return TKV_OK;
+    if (!g->l2_pinned)
+        return TKV_EIO;
     int si = take_stream(g);
     int rc = TKV_OK;
     cudaSetDevice(g->device);
@@ -285,14 +296,14 @@ struct tkvd_gpu {
     int unused;
 };
 
-int tkvd_gpu_open(int ordinal, uint64_t num_blocks, size_t block_bytes, void *l2_base,
-                  uint64_t l2_bytes, tkvd_gpu **out)
+int tkvd_gpu_open(int ordinal, uint64_t num_blocks, size_t block_bytes, tkvd_gpu **out)
 {
     *out = NULL;
     TKV_LOG(TKV_LOG_INFO, "gpu: built without CUDA: L1 off");
     return TKV_EUNSUPPORTED;
 }
 
+int tkvd_gpu_pin_l2(tkvd_gpu *g, void *l2_base, uint64_t l2_bytes) { return TKV_EUNSUPPORTED; }
 void tkvd_gpu_close(tkvd_gpu *g) { free(g); }
 uint64_t tkvd_gpu_l1_blocks(const tkvd_gpu *g) { return 0; }
 double tkvd_gpu_h2d_gbps(const tkvd_gpu *g) { return 0; }

@@ -435,6 +435,7 @@ int main(int argc, char **argv)
     svc.attach = attach;
     svc.version = TKVD_VERSION;
     atomic_init(&svc.stopping, false);
+    atomic_init(&svc.abort_waits, false);
 
     tkvd_server_opts sopts = {
         .unix_path = cfg.grpc_socket,
@@ -447,6 +448,7 @@ int main(int argc, char **argv)
         .max_send_bytes = tkvd_service_max_send_bytes(&cfg),
         .drain_timeout_ms = cfg.drain_timeout_ms,
         .ctx = &svc,
+        .on_drain_timeout = tkvd_service_abort_waits,
         .metrics = &metrics,
     };
     sopts.methods = tkvd_service_methods(&sopts.num_methods);

@@ -73,7 +73,6 @@ struct tkvd_server {
     grpc_completion_queue **cqs;
     pthread_t *cq_threads;
     unsigned num_cq_started;
-    atomic_bool stopping;
     atomic_bool cqs_closing;
     tag t_shutdown;
 
@@ -564,7 +563,6 @@ int tkvd_server_start(const tkvd_server_opts *o, tkvd_server **out)
 fail:
     /* No request was armed, so no call exists; destroy needs a completed shutdown all the
      * same, and core expects a started server for that. */
-    atomic_store(&s->stopping, true);
     atomic_store(&s->cqs_closing, true);
     grpc_server_start(s->server);
     grpc_server_shutdown_and_notify(s->server, s->cqs[0], &s->t_shutdown);
@@ -609,12 +607,13 @@ void tkvd_server_stop(tkvd_server *s)
 {
     if (!s)
         return;
-    atomic_store(&s->stopping, true);
     /* No new calls from here; in-flight ones run to their end (the drain), then the tag. */
     grpc_server_shutdown_and_notify(s->server, s->cqs[0], &s->t_shutdown);
     if (!wait_shutdown(s, s->o.drain_timeout_ms)) {
         TKV_LOG(TKV_LOG_WARN, "grpc: calls still running after %u ms; cancelling them",
                 s->o.drain_timeout_ms);
+        if (s->o.on_drain_timeout)
+            s->o.on_drain_timeout(s->o.ctx);
         grpc_server_cancel_all_calls(s->server);
         while (!wait_shutdown(s, 1000))
             ;

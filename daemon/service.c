@@ -185,7 +185,8 @@ static size_t max_lease_blocks(const tkvd_service *svc)
     return svc->cfg->max_prompt_tokens / svc->cfg->geometry.block_tokens;
 }
 
-/* Waits for a prefetch ticket in slices so that shutdown is noticed; timeout_ms < 0 = none. */
+/* Waits for a prefetch ticket in slices, so that the end of the drain on shutdown is
+ * noticed; timeout_ms < 0 = none. */
 static int wait_ticket(tkvd_service *svc, uint64_t ticket, int timeout_ms, int *status)
 {
     uint64_t start = tkv_now_ns();
@@ -201,7 +202,7 @@ static int wait_ticket(tkvd_service *svc, uint64_t ticket, int timeout_ms, int *
         int rc = tkv_store_wait(svc->store, ticket, slice, status);
         if (rc != TKV_ETIMEDOUT)
             return rc;
-        if (atomic_load(&svc->stopping))
+        if (atomic_load(&svc->abort_waits))
             return TKV_ECLOSED;
     }
 }
@@ -948,6 +949,12 @@ static void h_verify(void *ctx, const tkvd_call_info *ci, const uint8_t *req, si
                 "and were dropped", bad, checked);
     if (!send_progress(&vc, checked, checked, bad))
         fail_with(out, GRPC_STATUS_CANCELLED, "verify: client went away");
+}
+
+void tkvd_service_abort_waits(void *ctx)
+{
+    tkvd_service *svc = ctx;
+    atomic_store(&svc->abort_waits, true);
 }
 
 /* ---- table and limits ------------------------------------------------------------------------- */

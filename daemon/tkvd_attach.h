@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "tkv_attach.h"
 #include "tkv_store.h"
 #include "tkvd_metrics.h"
 
@@ -22,6 +23,9 @@ typedef struct tkvd_attach tkvd_attach;
  * metrics must outlive the returned object. TKV_EIO with a log line on bind failure. */
 int tkvd_attach_start(const char *path, tkv_store *store, const uint8_t fingerprint[32],
                       tkvd_metrics *metrics, tkvd_attach **out);
+/* Makes every later handshake offer the GPU pool: the reply gets TKV_ATTACH_F_L1 and is
+ * followed by *gpu (copied). Call before clients attach (right after start). */
+void tkvd_attach_offer_gpu(tkvd_attach *a, const tkv_attach_gpu *gpu);
 /* True while an attach connection with this client_id is open (thread-safe). */
 bool tkvd_attach_client_live(tkvd_attach *a, uint64_t client_id);
 /* Closes the listener and every connection (releasing their leases), joins the thread,

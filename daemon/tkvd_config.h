@@ -28,6 +28,8 @@ typedef struct tkvd_config {
     /* tiers */
     uint64_t l2_bytes;          /* host pool size; rounded down to whole blocks */
     uint64_t l2_blocks;         /* when nonzero, overrides l2_bytes */
+    uint64_t l1_bytes;          /* GPU pool size; 0 = off (and off anyway without a GPU) */
+    int gpu_device;             /* CUDA device ordinal of the L1 pool */
     bool l3_enabled;
     char *l3_dir;               /* "" = <data_dir>/l3 */
     uint64_t l3_capacity_bytes; /* 0 = unlimited */

@@ -17,12 +17,15 @@
 
 typedef struct tkvd_gpu tkvd_gpu;
 
-/* Opens device `ordinal`, allocates num_blocks L1 blocks of block_bytes in chunks whose sizes
- * are multiples of 2 MiB, each holding whole blocks (at most TKV_ATTACH_MAX_CHUNKS chunks),
- * and pins [l2_base, l2_base + l2_bytes) for DMA in chunks. Errors: TKV_EUNSUPPORTED (no CUDA
- * or no device), TKV_ENOMEM (HBM short), TKV_EINVAL. Logs why. */
-int tkvd_gpu_open(int ordinal, uint64_t num_blocks, size_t block_bytes, void *l2_base,
-                  uint64_t l2_bytes, tkvd_gpu **out);
+/* Opens device `ordinal` and allocates num_blocks L1 blocks of block_bytes in chunks whose
+ * sizes are multiples of 2 MiB, each holding whole blocks (at most TKV_ATTACH_MAX_CHUNKS
+ * chunks). Errors: TKV_EUNSUPPORTED (no CUDA or no device), TKV_ENOMEM (HBM short),
+ * TKV_EINVAL. Logs why. */
+int tkvd_gpu_open(int ordinal, uint64_t num_blocks, size_t block_bytes, tkvd_gpu **out);
+/* Pins the L2 pool [l2_base, l2_base + l2_bytes) for DMA (in chunks) and measures the
+ * host-to-device rate. Must precede the first copy: the store is opened with the L1 ops
+ * before its L2 pool exists, and no copy runs before the daemon serves. */
+int tkvd_gpu_pin_l2(tkvd_gpu *g, void *l2_base, uint64_t l2_bytes);
 /* Unpins L2 and frees L1; every copy must have returned. NULL is ignored. */
 void tkvd_gpu_close(tkvd_gpu *g);
 

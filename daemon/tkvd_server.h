@@ -64,6 +64,9 @@ typedef struct tkvd_server_opts {
     const tkvd_method *methods;
     size_t num_methods;
     void *ctx;                 /* passed to every handler */
+    /* Called (with ctx) when the drain time is over, before the remaining calls are
+     * cancelled: handlers blocked in waits of their own should give up. May be NULL. */
+    void (*on_drain_timeout)(void *ctx);
     tkvd_metrics *metrics;     /* rpc_total / rpc_errors */
 } tkvd_server_opts;
 

@@ -24,8 +24,12 @@ typedef struct tkvd_service {
     tkvd_metrics *metrics;
     tkvd_attach *attach;      /* NULL: no client_id is valid */
     const char *version;
-    atomic_bool stopping;     /* set on SIGTERM: Health says "stopping", waits give up */
+    atomic_bool stopping;     /* set on SIGTERM: Health says "stopping" */
+    atomic_bool abort_waits;  /* set when the drain time is over: blocking waits give up */
 } tkvd_service;
+
+/* For tkvd_server_opts.on_drain_timeout (ctx = the tkvd_service). */
+void tkvd_service_abort_waits(void *ctx);
 
 /* The method table for tkvd_server_opts (static storage). */
 const tkvd_method *tkvd_service_methods(size_t *num_methods);

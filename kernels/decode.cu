@@ -123,13 +123,8 @@ __device__ __forceinline__ uint32_t smem_u32(const void *p)
     return (uint32_t)__cvta_generic_to_shared(p);
 }
 
-/* 16 bytes global -> shared, bypassing L1; src_bytes 0 writes zeros (tokens past the end). */
-__device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src),
-                 "r"(src_bytes)
-                 : "memory");
-}
+/* 4 bytes global -> shared; src_bytes 0 writes zeros. (The 16-byte K/V copies are written
+ * inline in issue_tile, on shared addresses computed once.) */
 __device__ __forceinline__ void cp_async4(void *dst, const void *src, int src_bytes)
 {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(dst)), "l"(src),
@@ -201,6 +196,24 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
                      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* 2^x on the SFU (2 ulp; 2^-inf = +0): the softmax weights need no more. */
+__device__ __forceinline__ float fast_exp2(float x)
+{
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+
+/* d += a * b, m16n8k32, e4m3 operands, f32 accumulate. */
+__device__ __forceinline__ void mma16832_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                              uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 __device__ __forceinline__ float quad_max(float x)
@@ -283,38 +296,48 @@ __global__ void __launch_bounds__(kPlanThreads, 1)
         per_cta = min_tiles;
     int num_bins = (num_tiles + per_cta - 1) / per_cta;
 
-    /* pass 2: tasks per pair, their first index, and the tasks themselves */
+    /* pass 2: tasks per pair and the index of each pair's first task */
     int task_carry = 0;
     for (int base = 0; base < num_pairs; base += blockDim.x) {
         int p = base + threadIdx.x;
-        int tiles = 0, start = 0, count = 0;
-        int32_t len = 0;
+        int count = 0;
         if (p < num_pairs) {
-            len = max(kv_lens[p / hkv], 0);
-            tiles = tiles_of(len);
-            start = pair_count[p];
+            int tiles = tiles_of(kv_lens[p / hkv]), start = pair_count[p];
             if (tiles > 0)
                 count = (start + tiles - 1) / per_cta - start / per_cta + 1;
         }
         int total;
         int first = task_carry + block_exclusive_scan(count, &total);
-        if (p < num_pairs) {
-            int t = start, d = first;
-            while (t < start + tiles) {
-                int bin_end = (t / per_cta + 1) * per_cta;
-                int end = min(bin_end, start + tiles);
-                if (t % per_cta == 0)
-                    bin_first[t / per_cta] = d;
-                tasks[d] = make_int4(p / hkv, p % hkv, t - start, end - start);
-                task_len[d] = len;
-                d++;
-                t = end;
-            }
+        if (p < num_pairs)
             pair_first[p] = first;
-            pair_count[p] = count;
-        }
         task_carry += total;
     }
+    __syncthreads();
+    /* pass 3: every task in parallel (one long request can have hundreds): its pair is the
+     * last one whose first task is <= d (pairs without tasks share the next one's first) */
+    for (int d = threadIdx.x; d < task_carry; d += blockDim.x) {
+        int lo = 0, hi = num_pairs - 1;
+        while (lo < hi) {
+            int mid = (lo + hi + 1) >> 1;
+            if (pair_first[mid] <= d)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        int p = lo;
+        int32_t len = max(kv_lens[p / hkv], 0);
+        int start = pair_count[p], end_all = start + tiles_of(len);
+        int bin = start / per_cta + (d - pair_first[p]);
+        int t0 = max(start, bin * per_cta), t1 = min(end_all, (bin + 1) * per_cta);
+        if (t0 % per_cta == 0)
+            bin_first[t0 / per_cta] = d;
+        tasks[d] = make_int4(p / hkv, p % hkv, t0 - start, t1 - start);
+        task_len[d] = len;
+    }
+    __syncthreads();
+    /* pass 4: task counts replace the tile starts */
+    for (int p = threadIdx.x; p < num_pairs; p += blockDim.x)
+        pair_count[p] = (p + 1 < num_pairs ? pair_first[p + 1] : task_carry) - pair_first[p];
     for (int b = num_bins + threadIdx.x; b <= grid; b += blockDim.x)
         bin_first[b] = task_carry;
     if (threadIdx.x == 0) {
@@ -332,8 +355,11 @@ __global__ void __launch_bounds__(kPlanThreads, 1)
  * Attention kernel (persistent over a bin, or one static split)
  * ========================================================================================== */
 
-template <int D, bool FP8KV, int NW> struct Attend {
+/* Q8: FP8 Q over FP8 KV, whose Q.K products run as e4m3 mma (m16n8k32) straight from the
+ * cached bytes; the other combinations convert K to f16/bf16 in registers. */
+template <int D, bool FP8KV, int NW, bool Q8 = false> struct Attend {
     using S = Shape<D, FP8KV>;
+    static_assert(!Q8 || FP8KV, "e4m3 products need FP8 KV");
     static constexpr int kThreads = NW * 32;
     static constexpr bool kF16 = FP8KV; /* mma element type: f16 for FP8 KV, bf16 for BF16 KV */
 
@@ -351,11 +377,16 @@ template <int D, bool FP8KV, int NW> struct Attend {
     static constexpr int kRowsPerThread = kTileTokens / kRowStep;
 
     /* Block ids of this thread's rows of tile `tile`: plain loads whose results are first used
-     * by the next issue_tile(), a whole iteration later, so their latency stays hidden. */
+     * by the next issue_tile(), a whole iteration later, so their latency stays hidden. With
+     * pages of 64+ tokens a tile lies in one page: one id serves every row. */
     static __device__ __forceinline__ void fetch_blocks(const DecParams &p, int req, int tile,
                                                         int32_t len, int32_t (&blk)[kRowsPerThread])
     {
         const int32_t *bt = p.block_table + (size_t)req * p.bt_stride;
+        if (p.page_tokens >= kTileTokens) {
+            blk[0] = tile * kTileTokens < len ? __ldg(bt + ((tile * kTileTokens) >> p.page_shift)) : -1;
+            return;
+        }
         int row0 = threadIdx.x / S::kChunks;
 #pragma unroll
         for (int k = 0; k < kRowsPerThread; k++) {
@@ -365,27 +396,56 @@ template <int D, bool FP8KV, int NW> struct Attend {
     }
 
     /* cp.async of tile `tile` of (req, kvh) into one stage; rows past the end or with a block
-     * id outside the pool are zero-filled. */
-    static __device__ void issue_tile(const DecParams &p, uint8_t *sK, uint8_t *sV, float *sKs,
-                                      int req, int kvh, int tile, int32_t len,
-                                      const int32_t (&blk)[kRowsPerThread])
+     * id outside the pool are zero-filled. dst_k/dst_v: this thread's (swizzled) byte offsets
+     * of its rows in a stage, fixed for the whole kernel. */
+    static __device__ __forceinline__ void issue_tile(const DecParams &p, uint32_t sK, uint32_t sV,
+                                                      float *sKs, int req, int kvh, int tile,
+                                                      int32_t len,
+                                                      const int32_t (&blk)[kRowsPerThread],
+                                                      const uint32_t (&dst_k)[kRowsPerThread],
+                                                      const uint32_t (&dst_v)[kRowsPerThread])
     {
         const int j = threadIdx.x % S::kChunks, row0 = threadIdx.x / S::kChunks;
-        const size_t head_off = (size_t)kvh * S::kRowBytes + j * 16;
+        const uint8_t *base = p.pool_layer + (size_t)kvh * S::kRowBytes + j * 16;
+        if (p.page_tokens >= kTileTokens) {
+            /* one page: rows are token_stride apart */
+            int32_t b = blk[0];
+            bool ok = b >= 0 && b < p.num_blocks;
+            const uint8_t *src = base + (size_t)(ok ? b : 0) * p.block_stride +
+                                 (size_t)(((tile * kTileTokens) & (p.page_tokens - 1)) + row0) *
+                                     p.token_stride;
+            int rows_left = len - tile * kTileTokens - row0;
 #pragma unroll
-        for (int k = 0; k < kRowsPerThread; k++) {
-            int row = row0 + k * kRowStep;
-            int pos = tile * kTileTokens + row;
-            const uint8_t *src = p.pool_layer;
-            int bytes = 0;
-            if (blk[k] >= 0 && blk[k] < p.num_blocks) {
-                src = p.pool_layer + (size_t)blk[k] * p.block_stride +
-                      (size_t)(pos & (p.page_tokens - 1)) * p.token_stride + head_off;
-                bytes = 16;
+            for (int k = 0; k < kRowsPerThread; k++) {
+                int bytes = ok && k * kRowStep < rows_left ? 16 : 0;
+                const uint8_t *sk = bytes ? src : p.pool_layer;
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sK + dst_k[k]),
+                             "l"(sk), "r"(bytes)
+                             : "memory");
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sV + dst_v[k]),
+                             "l"(bytes ? src + p.v_offset : p.pool_layer), "r"(bytes)
+                             : "memory");
+                src += (size_t)kRowStep * p.token_stride;
             }
-            cp_async16(sK + row * S::kRowBytes + ((j ^ swz_k<S::kChunks>(row)) * 16), src, bytes);
-            cp_async16(sV + row * S::kRowBytes + ((j ^ swz_v<S::kChunks>(row)) * 16),
-                       bytes ? src + p.v_offset : src, bytes);
+        } else {
+#pragma unroll
+            for (int k = 0; k < kRowsPerThread; k++) {
+                int row = row0 + k * kRowStep;
+                int pos = tile * kTileTokens + row;
+                const uint8_t *src = p.pool_layer;
+                int bytes = 0;
+                if (blk[k] >= 0 && blk[k] < p.num_blocks) {
+                    src = base + (size_t)blk[k] * p.block_stride +
+                          (size_t)(pos & (p.page_tokens - 1)) * p.token_stride;
+                    bytes = 16;
+                }
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sK + dst_k[k]),
+                             "l"(src), "r"(bytes)
+                             : "memory");
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sV + dst_v[k]),
+                             "l"(bytes ? src + p.v_offset : src), "r"(bytes)
+                             : "memory");
+            }
         }
         if (FP8KV && p.per_token_head) {
             for (int row = threadIdx.x; row < kTileTokens; row += kThreads) {
@@ -475,6 +535,14 @@ template <int D, bool FP8KV, int NW> struct Attend {
         int4 ld_tk = make_int4(0, 0, 0, 0);
         int32_t ld_len = 0;
         int32_t ld_blk[kRowsPerThread];
+        uint32_t dst_k[kRowsPerThread], dst_v[kRowsPerThread];
+#pragma unroll
+        for (int k = 0; k < kRowsPerThread; k++) {
+            int row = threadIdx.x / S::kChunks + k * kRowStep, j = threadIdx.x % S::kChunks;
+            dst_k[k] = row * S::kRowBytes + ((j ^ swz_k<S::kChunks>(row)) * 16);
+            dst_v[k] = row * S::kRowBytes + ((j ^ swz_v<S::kChunks>(row)) * 16);
+        }
+        const uint32_t sK_base = smem_u32(sK), sV_base = smem_u32(sV);
         if (n_tiles > 0) {
             ld_tk = task(0);
             ld_tile = ld_tk.z;
@@ -482,8 +550,9 @@ template <int D, bool FP8KV, int NW> struct Attend {
             fetch_blocks(p, ld_tk.x, ld_tile, ld_len, ld_blk);
         }
         auto load_next = [&](int stage) {
-            issue_tile(p, sK + stage * S::kTileBytes, sV + stage * S::kTileBytes,
-                       sKs + stage * kTileTokens, ld_tk.x, ld_tk.y, ld_tile, ld_len, ld_blk);
+            issue_tile(p, sK_base + stage * S::kTileBytes, sV_base + stage * S::kTileBytes,
+                       sKs + stage * kTileTokens, ld_tk.x, ld_tk.y, ld_tile, ld_len, ld_blk, dst_k,
+                       dst_v);
             if (++ld_tile == ld_tk.w) {
                 if (++ld_task >= num_tasks)
                     return;
@@ -576,9 +645,22 @@ template <int D, bool FP8KV, int NW> struct Attend {
             bool valid = r < R;
             int t = valid ? r / p.group : 0, gh = valid ? r % p.group : 0;
             size_t qi = ((size_t)req * p.q_len + t) * p.num_q_heads + (size_t)kvh * p.group + gh;
-            lim[h] = valid ? len - p.q_len + t + 1 : -1;
+            /* rows past R are never written: no mask for them (INT_MAX) */
+            lim[h] = valid ? len - p.q_len + t + 1 : 0x7fffffff;
             float qs = 1.0f;
-            if (p.q_fp8) {
+            if (Q8) {
+                /* k32 step s: chunk c + 4 * (s / 2), bytes 8 * (s % 2) .. +7: the first four
+                 * are k-slots 4c..4c+3, the next four 16+4c..16+4c+3 (as K in compute_tile) */
+                qs = valid ? p.q_scales[qi] : 0.0f;
+                const uint8_t *q = static_cast<const uint8_t *>(p.q) + qi * D;
+#pragma unroll
+                for (int s = 0; s < D / 32; s++) {
+                    int dim = 16 * (c + 4 * (s / 2)) + 8 * (s % 2);
+                    uint2 w = valid ? *reinterpret_cast<const uint2 *>(q + dim) : make_uint2(0, 0);
+                    qa[s][h] = w.x;
+                    qa[s][h + 2] = w.y;
+                }
+            } else if (p.q_fp8) {
                 qs = valid ? p.q_scales[qi] : 0.0f;
                 const uint8_t *q = static_cast<const uint8_t *>(p.q) + qi * D;
 #pragma unroll
@@ -673,8 +755,12 @@ template <int D, bool FP8KV, int NW> struct Attend {
                 for (int pp = 0; pp < S::kChunks / 4; pp++) {
                     uint4 kv = lds128(krow + (((c + 4 * pp) ^ swz_k<S::kChunks>(row)) * 16));
                     uint32_t w[4] = {kv.x, kv.y, kv.z, kv.w};
+                    if (Q8) {
+                        mma16832_e4m3(sc[nb], qa[2 * pp], w[0], w[1]);
+                        mma16832_e4m3(sc[nb], qa[2 * pp + 1], w[2], w[3]);
+                    }
 #pragma unroll
-                    for (int u = 0; u < S::kStepsPerChunk; u++) {
+                    for (int u = 0; u < (Q8 ? 0 : S::kStepsPerChunk); u++) {
                         uint32_t b0, b1;
                         if (FP8KV) {
                             b0 = e4m3x2_to_f16x2(w[u] & 0xffffu);
@@ -687,7 +773,8 @@ template <int D, bool FP8KV, int NW> struct Attend {
                     }
                 }
             }
-            /* scale, mask, online softmax (base 2) */
+            /* scale, mask, online softmax (base 2); only chunks reaching a row's limit mask */
+            const bool need_mask = tile * kTileTokens + t0 + 16 > min(lim[0], lim[1]);
             float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
             for (int nb = 0; nb < 2; nb++)
@@ -699,7 +786,8 @@ template <int D, bool FP8KV, int NW> struct Attend {
                     float v = sc[nb][e] * rowmul[h];
                     if (FP8KV && p.per_token_head)
                         v *= sKs[col];
-                    v = pos < lim[h] ? v : -INFINITY;
+                    if (need_mask)
+                        v = pos < lim[h] ? v : -INFINITY;
                     sc[nb][e] = v;
                     mx[h] = fmaxf(mx[h], v);
                 }
@@ -708,7 +796,7 @@ template <int D, bool FP8KV, int NW> struct Attend {
             for (int h = 0; h < 2; h++) {
                 float m_new = fmaxf(m_run[h], quad_max(mx[h]));
                 m_use[h] = m_new == -INFINITY ? 0.0f : m_new;
-                alpha[h] = exp2f(m_run[h] - m_use[h]);
+                alpha[h] = fast_exp2(m_run[h] - m_use[h]);
                 m_run[h] = m_new;
             }
             float rs[2] = {0.0f, 0.0f};
@@ -716,7 +804,7 @@ template <int D, bool FP8KV, int NW> struct Attend {
             for (int nb = 0; nb < 2; nb++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    float pe = exp2f(sc[nb][e] - m_use[e >> 1]);
+                    float pe = fast_exp2(sc[nb][e] - m_use[e >> 1]);
                     sc[nb][e] = pe;
                     rs[e >> 1] += pe;
                 }
@@ -881,12 +969,12 @@ template <int D, bool FP8KV, int NW> struct Attend {
     }
 };
 
-template <int D, bool FP8KV, int NW>
+template <int D, bool FP8KV, int NW, bool Q8>
 __global__ void __launch_bounds__(NW * 32, NW == 4 ? 2 : 1) dec_attend_kernel(const DecParams p)
 {
     extern __shared__ __align__(128) uint8_t dec_smem[];
     pdl_wait();
-    Attend<D, FP8KV, NW>::run(p, dec_smem);
+    Attend<D, FP8KV, NW, Q8>::run(p, dec_smem);
     __syncthreads();
     __threadfence();
     pdl_trigger();
@@ -1032,13 +1120,13 @@ __global__ void dec_merge_kernel(const uint16_t *o_a, const float *lse_a, const 
 
 typedef void (*attend_fn)(const DecParams);
 
-template <int D, bool FP8KV, int NW> attend_fn attend_ptr()
+template <int D, bool FP8KV, int NW, bool Q8> attend_fn attend_ptr()
 {
-    return dec_attend_kernel<D, FP8KV, NW>;
+    return dec_attend_kernel<D, FP8KV, NW, Q8>;
 }
-template <int D, bool FP8KV, int NW> size_t attend_smem()
+template <int D, bool FP8KV, int NW, bool Q8> size_t attend_smem()
 {
-    return Attend<D, FP8KV, NW>::smem_bytes();
+    return Attend<D, FP8KV, NW, Q8>::smem_bytes();
 }
 
 struct AttendVariant {
@@ -1047,19 +1135,22 @@ struct AttendVariant {
     int threads;
 };
 
-AttendVariant pick_variant(int head_dim, bool fp8, int rows)
+AttendVariant pick_variant(int head_dim, bool fp8, int rows, bool q8)
 {
     bool wide = rows > 64;
-#define TKVK_DEC_V(D_, F_)                                                                       \
-    if (head_dim == D_ && fp8 == F_)                                                             \
-        return wide ? AttendVariant{attend_ptr<D_, F_, 8>(), attend_smem<D_, F_, 8>(), 256}      \
-                    : AttendVariant{attend_ptr<D_, F_, 4>(), attend_smem<D_, F_, 4>(), 128};
-    TKVK_DEC_V(64, true)
-    TKVK_DEC_V(128, true)
-    TKVK_DEC_V(256, true)
-    TKVK_DEC_V(64, false)
-    TKVK_DEC_V(128, false)
-    TKVK_DEC_V(256, false)
+#define TKVK_DEC_V(D_, F_, Q_)                                                                   \
+    if (head_dim == D_ && fp8 == F_ && q8 == Q_)                                                 \
+        return wide ? AttendVariant{attend_ptr<D_, F_, 8, Q_>(), attend_smem<D_, F_, 8, Q_>(), 256} \
+                    : AttendVariant{attend_ptr<D_, F_, 4, Q_>(), attend_smem<D_, F_, 4, Q_>(), 128};
+    TKVK_DEC_V(64, true, true)
+    TKVK_DEC_V(128, true, true)
+    TKVK_DEC_V(256, true, true)
+    TKVK_DEC_V(64, true, false)
+    TKVK_DEC_V(128, true, false)
+    TKVK_DEC_V(256, true, false)
+    TKVK_DEC_V(64, false, false)
+    TKVK_DEC_V(128, false, false)
+    TKVK_DEC_V(256, false, false)
 #undef TKVK_DEC_V
     return AttendVariant{nullptr, 0, 0};
 }
@@ -1104,12 +1195,13 @@ static int dec_set_smem_limits(void)
     static const int dims[3] = {64, 128, 256};
     for (int i = 0; i < 3; i++)
         for (int f = 0; f < 2; f++)
-            for (int rows = 64; rows <= 128; rows += 64) {
-                AttendVariant v = pick_variant(dims[i], f != 0, rows);
-                TKVK_CUDA_TRY(cudaFuncSetAttribute((const void *)v.fn,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   (int)v.smem));
-            }
+            for (int rows = 64; rows <= 128; rows += 64)
+                for (int q8 = 0; q8 <= f; q8++) {
+                    AttendVariant v = pick_variant(dims[i], f != 0, rows, q8 != 0);
+                    TKVK_CUDA_TRY(cudaFuncSetAttribute((const void *)v.fn,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                       (int)v.smem));
+                }
     return TKVK_OK;
 }
 
@@ -1139,7 +1231,7 @@ extern "C" int tkvk_decode_plan_create(tkvk_decode_plan **out, int max_requests,
         return tkvk__fail(TKVK_EINVAL, "decode_plan_create: out of memory");
     int rc = TKVK_OK, occ = 0;
     size_t pairs = (size_t)max_requests * num_kv_heads;
-    AttendVariant v = pick_variant(head_dim, true, max_rows);
+    AttendVariant v = pick_variant(head_dim, true, max_rows, true);
     cudaError_t e;
 #define DEC_TRY(call)                                                                            \
     do {                                                                                         \
@@ -1372,8 +1464,8 @@ extern "C" int tkvk_decode_attend_cuda(tkvk_decode_plan *pl, const tkvk_decode_a
     p.task_len = pl->task_len;
     p.bin_first = pl->bin_first;
     cudaStream_t s = (cudaStream_t)stream;
-    AttendVariant v = pick_variant(a->layout->head_dim,
-                                   a->layout->kv_dtype == TKVK_DTYPE_FP8_E4M3, p.rows);
+    bool fp8kv = a->layout->kv_dtype == TKVK_DTYPE_FP8_E4M3;
+    AttendVariant v = pick_variant(a->layout->head_dim, fp8kv, p.rows, fp8kv && p.q_fp8);
     TKVK_CUDA_TRY(launch_pdl(v.fn, dim3(pl->grid), dim3(v.threads), v.smem, s, p));
     TKVK_CUDA_TRY(cudaGetLastError());
     return dec_combine(pl, a, p, false, s);
@@ -1401,8 +1493,8 @@ extern "C" int tkvk_decode_static_cuda(tkvk_decode_plan *pl, const tkvk_decode_a
     p.static_splits = splits;
     p.static_chunk_tiles = max_tiles > 0 ? (max_tiles + splits - 1) / splits : 1;
     cudaStream_t s = (cudaStream_t)stream;
-    AttendVariant v = pick_variant(a->layout->head_dim,
-                                   a->layout->kv_dtype == TKVK_DTYPE_FP8_E4M3, p.rows);
+    bool fp8kv = a->layout->kv_dtype == TKVK_DTYPE_FP8_E4M3;
+    AttendVariant v = pick_variant(a->layout->head_dim, fp8kv, p.rows, fp8kv && p.q_fp8);
     TKVK_CUDA_TRY(launch_pdl(v.fn, dim3(p.num_kv_heads, a->num_requests, splits),
                              dim3(v.threads), v.smem, s, p));
     TKVK_CUDA_TRY(cudaGetLastError());

@@ -122,21 +122,23 @@ int tkvk__prologue_check(const tkvk_prologue_params *p, const char *fn)
 
 static void rms_norm(float *x, int d, const float *w, float eps)
 {
-    /* 32 partial sums combined by a butterfly: the order the CUDA kernel's warp uses. */
-    float part[32], next[32];
-    int per = d / 32;
-    for (int j = 0; j < 32; j++) {
+    /* d/16 partial sums combined by a butterfly: the order of the CUDA kernel, where each of
+     * a head's d/16 lanes holds elements 8j..8j+7 and d/2+8j..d/2+8j+7. */
+    float part[16], next[16];
+    int nparts = d / 16;
+    for (int j = 0; j < nparts; j++) {
         float s = 0.0f;
-        for (int e = 0; e < per; e++) {
-            float v = x[j * per + e];
-            s = s + v * v;
-        }
+        for (int half = 0; half < 2; half++)
+            for (int e = 0; e < 8; e++) {
+                float v = x[half * (d / 2) + 8 * j + e];
+                s = s + v * v;
+            }
         part[j] = s;
     }
-    for (int m = 16; m >= 1; m /= 2) {
-        for (int j = 0; j < 32; j++)
+    for (int m = nparts / 2; m >= 1; m /= 2) {
+        for (int j = 0; j < nparts; j++)
             next[j] = part[j] + part[j ^ m];
-        memcpy(part, next, sizeof part);
+        memcpy(part, next, sizeof(float) * (size_t)nparts);
     }
     float inv = 1.0f / sqrtf(part[0] / (float)d + eps);
     for (int i = 0; i < d; i++)

@@ -1,20 +1,25 @@
 /* prologue.cu - the fused prologue as one CUDA kernel (sm_90a) and its launcher.
  *
- * Work decomposition: one warp per (token, head) item, D/32 contiguous elements per lane, so
- * a head's RMSNorm and amax are one warp butterfly each and need no shared memory or
- * __syncthreads at all. Items of a token are consecutive (Q heads, K heads, V heads), so a
- * warp's loads are 128..512 contiguous bytes of the QKV row.
- *  - Decode-sized calls (few items) use one item per warp: the whole call is latency, and
- *    more warps in flight shorten it.
- *  - Large calls give each warp kItems items and issue all their loads before any math, so
- *    every warp keeps ~1 KiB of reads in flight: the bandwidth-bound regime needs bytes in
- *    flight, not threads.
+ * Work decomposition: one (token, head) item per group of D/16 lanes (4, 8 or 16), 16
+ * elements per lane, so a warp works on 8, 4 or 2 heads at once. Why this shape:
+ *  - per-item work that does not scale with D (index math, the norm's division and square
+ *    root, the scale's divisions, the shuffle butterflies) is shared by 16 elements per lane
+ *    instead of 4: with one warp per head the kernel was issue-bound at ~25% of HBM rate;
+ *  - a lane's elements are 8j..8j+7 and D/2+8j..D/2+8j+7 (two 16-byte loads), so both RoPE
+ *    pairings stay inside the lane, and the Hadamard's top stage too;
+ *  - reductions are butterflies inside the group (shuffle mask = the group's lanes): no shared
+ *    memory and no __syncthreads anywhere;
+ *  - consecutive groups take consecutive heads of the same token row, so a warp reads 1 KiB
+ *    of contiguous input per round.
  * The tail zero-fill runs in extra CTAs after the token CTAs, one per request.
  *
  * Arithmetic: exactly the header's sequence, with __fmul_rn/__fadd_rn/__fsub_rn/__fdiv_rn/
  * __fsqrt_rn so nvcc cannot contract or approximate anything, and lane partials combined in
- * the butterfly order the CPU reference replays: outputs equal the CPU's bit for bit.
+ * the butterfly order the CPU reference replays: outputs equal the CPU's bit for bit
+ * (gpu_test_prologue checks it over the whole configuration space).
  */
+#include <algorithm>
+
 #include <cuda_runtime.h>
 
 #include "fp8.cuh"
@@ -24,7 +29,6 @@ namespace {
 
 constexpr int kWarpsPerCta = 8;
 constexpr int kThreads = kWarpsPerCta * 32;
-constexpr unsigned kFull = 0xffffffffu;
 
 /* Everything the kernel needs, by value (a __grid_constant__ parameter, no copies). */
 struct PrologueArgs {
@@ -32,7 +36,6 @@ struct PrologueArgs {
     long long qkv_stride;      /* elements */
     int num_tokens, hq, hkv, heads;
     int num_items;             /* num_tokens * heads (< 2^31, checked by the launcher) */
-    int items_per_cta;
     int main_ctas;
     const int32_t *positions;
     const float *rope_cos, *rope_sin;
@@ -58,305 +61,398 @@ struct PrologueArgs {
     const int64_t *req_last_slot;
 };
 
-/* ---- vector loads/stores of E elements per lane ------------------------------------------- */
+/* ---- one head = LH lanes, 16 elements per lane ------------------------------------------
+ * Lane j of a head's group holds x[0..7] = elements 8j .. 8j+7 and x[8..15] = elements
+ * D/2 + 8j .. D/2 + 8j + 7: two 16-byte loads, and both RoPE pairings (NeoX (i, i + D/2),
+ * GPT-J (2i, 2i+1)) fall inside one lane, so RoPE needs no shuffle. A warp holds 32/LH heads
+ * side by side; reductions are butterflies inside the group (shuffle mask = the group). */
 
-template <int E> struct Vec;  /* E bf16 in, E bytes (fp8) or 2E bytes (bf16) out */
-template <> struct Vec<2> { using In = uint32_t; using Out8 = uint16_t; using Out16 = uint32_t; };
-template <> struct Vec<4> { using In = uint2; using Out8 = uint32_t; using Out16 = uint2; };
-template <> struct Vec<8> { using In = uint4; using Out8 = uint2; using Out16 = uint4; };
-
-template <int E> __device__ __forceinline__ void unpack_bf16(const typename Vec<E>::In &v, float *x)
+__device__ __forceinline__ void unpack8(const uint4 &v, float *x)
 {
-    const uint32_t *w = reinterpret_cast<const uint32_t *>(&v);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-    for (int i = 0; i < E / 2; i++) {
+    for (int i = 0; i < 4; i++) {
         x[2 * i] = __uint_as_float(w[i] << 16);
         x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
     }
 }
 
-template <int E> __device__ __forceinline__ typename Vec<E>::Out8 pack_fp8(const float *x, float inv)
+__device__ __forceinline__ uint2 pack8_fp8(const float *x, float inv)
 {
-    typename Vec<E>::Out8 out;
-    uint16_t *h = reinterpret_cast<uint16_t *>(&out);
+    uint32_t w[2];
 #pragma unroll
-    for (int i = 0; i < E / 2; i++)
-        h[i] = tkvk_fp8x2_from_float2(__fmul_rn(x[2 * i], inv), __fmul_rn(x[2 * i + 1], inv));
-    return out;
+    for (int i = 0; i < 2; i++)
+        w[i] = tkvk_fp8x4_from_float4(__fmul_rn(x[4 * i], inv), __fmul_rn(x[4 * i + 1], inv),
+                                      __fmul_rn(x[4 * i + 2], inv), __fmul_rn(x[4 * i + 3], inv));
+    return make_uint2(w[0], w[1]);
 }
 
-template <int E> __device__ __forceinline__ typename Vec<E>::Out16 pack_bf16(const float *x)
+__device__ __forceinline__ uint4 pack8_bf16(const float *x)
 {
-    typename Vec<E>::Out16 out;
-    uint32_t *w = reinterpret_cast<uint32_t *>(&out);
-#pragma unroll
-    for (int i = 0; i < E / 2; i++)
-        w[i] = tkvk_bf16x2_from_float2(x[2 * i], x[2 * i + 1]);
-    return out;
+    return make_uint4(tkvk_bf16x2_from_float2(x[0], x[1]), tkvk_bf16x2_from_float2(x[2], x[3]),
+                      tkvk_bf16x2_from_float2(x[4], x[5]), tkvk_bf16x2_from_float2(x[6], x[7]));
 }
 
-/* ---- the per-head steps, one warp, E = D/32 elements per lane ----------------------------- */
-
-template <int E> __device__ __forceinline__ void rms_norm(float *x, const float *w, int lane, float eps)
+__device__ __forceinline__ void load8f(const float *src, float *dst)
 {
-    constexpr int D = E * 32;
+    const float4 a = __ldg(reinterpret_cast<const float4 *>(src));
+    const float4 b = __ldg(reinterpret_cast<const float4 *>(src) + 1);
+    dst[0] = a.x; dst[1] = a.y; dst[2] = a.z; dst[3] = a.w;
+    dst[4] = b.x; dst[5] = b.y; dst[6] = b.z; dst[7] = b.w;
+}
+
+__device__ __forceinline__ void load4f(const float *src, float *dst)
+{
+    const float4 a = __ldg(reinterpret_cast<const float4 *>(src));
+    dst[0] = a.x; dst[1] = a.y; dst[2] = a.z; dst[3] = a.w;
+}
+
+template <int LH> __device__ __forceinline__ void rms_norm(float *x, const float *w, int j,
+                                                           unsigned gmask, float eps)
+{
+    constexpr int D = LH * 16;
     float s = __fmul_rn(x[0], x[0]);
 #pragma unroll
-    for (int i = 1; i < E; i++)
+    for (int i = 1; i < 16; i++)
         s = __fadd_rn(s, __fmul_rn(x[i], x[i]));
 #pragma unroll
-    for (int m = 16; m >= 1; m /= 2)
-        s = __fadd_rn(s, __shfl_xor_sync(kFull, s, m));
-    float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(s, (float)D), eps)));
+    for (int m = LH / 2; m >= 1; m /= 2)
+        s = __fadd_rn(s, __shfl_xor_sync(gmask, s, m));
+    /* s / D: D is a power of two, so the product by 1/D is the same correctly rounded value. */
+    const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fmul_rn(s, 1.0f / D), eps)));
+    float wl[16];
+    load8f(w + 8 * j, wl);
+    load8f(w + D / 2 + 8 * j, wl + 8);
 #pragma unroll
-    for (int i = 0; i < E; i++)
-        x[i] = __fmul_rn(__fmul_rn(x[i], inv), __ldg(w + lane * E + i));
+    for (int i = 0; i < 16; i++)
+        x[i] = __fmul_rn(__fmul_rn(x[i], inv), wl[i]);
 }
 
-/* NeoX: element i pairs with i + D/2, which lives in lane ^ 16 at the same index. The angle
- * index is (lane & 15) * E + i. GPT-J: pairs (2i, 2i+1) sit in one lane, angle lane*E/2 + i. */
-template <int E> __device__ __forceinline__ void rope(float *x, const float *c, const float *s,
-                                                      int lane, bool gptj)
+template <int LH> __device__ __forceinline__ void rope(float *x, const float *crow,
+                                                       const float *srow, int j, bool gptj)
 {
+    constexpr int D = LH * 16;
+    float c[8], s[8];
     if (gptj) {
+        /* pairs 4j .. 4j+3 (first chunk) and D/4 + 4j .. (second chunk) */
+        load4f(crow + 4 * j, c);
+        load4f(crow + D / 4 + 4 * j, c + 4);
+        load4f(srow + 4 * j, s);
+        load4f(srow + D / 4 + 4 * j, s + 4);
 #pragma unroll
-        for (int i = 0; i < E / 2; i++) {
-            float a = x[2 * i], b = x[2 * i + 1];
-            x[2 * i] = __fsub_rn(__fmul_rn(a, c[i]), __fmul_rn(b, s[i]));
-            x[2 * i + 1] = __fadd_rn(__fmul_rn(b, c[i]), __fmul_rn(a, s[i]));
+        for (int k = 0; k < 8; k++) {
+            const int ia = 2 * k; /* x index of the pair's first element */
+            const float a = x[ia], b = x[ia + 1];
+            x[ia] = __fsub_rn(__fmul_rn(a, c[k]), __fmul_rn(b, s[k]));
+            x[ia + 1] = __fadd_rn(__fmul_rn(b, c[k]), __fmul_rn(a, s[k]));
         }
     } else {
-        bool upper = lane >= 16;
+        load8f(crow + 8 * j, c);
+        load8f(srow + 8 * j, s);
 #pragma unroll
-        for (int i = 0; i < E; i++) {
-            float other = __shfl_xor_sync(kFull, x[i], 16);
-            /* lower lane holds a, upper holds b: a' = a c - b s, b' = b c + a s */
-            x[i] = upper ? __fadd_rn(__fmul_rn(x[i], c[i]), __fmul_rn(other, s[i]))
-                         : __fsub_rn(__fmul_rn(x[i], c[i]), __fmul_rn(other, s[i]));
+        for (int e = 0; e < 8; e++) {
+            const float a = x[e], b = x[8 + e];
+            x[e] = __fsub_rn(__fmul_rn(a, c[e]), __fmul_rn(b, s[e]));
+            x[8 + e] = __fadd_rn(__fmul_rn(b, c[e]), __fmul_rn(a, s[e]));
         }
     }
 }
 
-/* Walsh-Hadamard butterflies h = 1 .. D/2: in-lane for h < E, across lanes (xor h/E) above. */
-template <int E> __device__ __forceinline__ void hadamard(float *x, int lane, float scale)
+/* Butterflies in the header's order h = 1, 2, 4 (inside each 8-chunk), 8 .. D/4 (across the
+ * group's lanes: lane xor h/8), D/2 (between the lane's two chunks). */
+template <int LH> __device__ __forceinline__ void hadamard(float *x, int j, unsigned gmask,
+                                                           float scale)
 {
 #pragma unroll
-    for (int h = 1; h < E; h *= 2) {
+    for (int h = 1; h < 8; h *= 2) {
 #pragma unroll
-        for (int i = 0; i < E; i++) {
+        for (int i = 0; i < 16; i++) {
             if (i & h)
                 continue;
-            float a = x[i], b = x[i + h];
+            const float a = x[i], b = x[i + h];
             x[i] = __fadd_rn(a, b);
             x[i + h] = __fsub_rn(a, b);
         }
     }
 #pragma unroll
-    for (int m = 1; m < 32; m *= 2) {
-        bool upper = (lane & m) != 0;
+    for (int m = 1; m < LH; m *= 2) {
+        const bool upper = (j & m) != 0;
 #pragma unroll
-        for (int i = 0; i < E; i++) {
-            float other = __shfl_xor_sync(kFull, x[i], m);
+        for (int i = 0; i < 16; i++) {
+            const float other = __shfl_xor_sync(gmask, x[i], m);
             x[i] = upper ? __fsub_rn(other, x[i]) : __fadd_rn(x[i], other);
         }
     }
 #pragma unroll
-    for (int i = 0; i < E; i++)
+    for (int e = 0; e < 8; e++) {
+        const float a = x[e], b = x[8 + e];
+        x[e] = __fadd_rn(a, b);
+        x[8 + e] = __fsub_rn(a, b);
+    }
+#pragma unroll
+    for (int i = 0; i < 16; i++)
         x[i] = __fmul_rn(x[i], scale);
 }
 
-template <int E> __device__ __forceinline__ float dynamic_scale(const float *x)
+template <int LH> __device__ __forceinline__ float dynamic_scale(const float *x, unsigned gmask)
 {
     float m = 0.0f;
 #pragma unroll
-    for (int i = 0; i < E; i++)
+    for (int i = 0; i < 16; i++)
         m = fmaxf(m, fabsf(x[i]));
 #pragma unroll
-    for (int k = 16; k >= 1; k /= 2)
-        m = fmaxf(m, __shfl_xor_sync(kFull, m, k));
+    for (int k = LH / 2; k >= 1; k /= 2)
+        m = fmaxf(m, __shfl_xor_sync(gmask, m, k));
     return fmaxf(__fdiv_rn(m, TKVK_FP8_MAX), TKVK_MIN_SCALE);
 }
 
 /* ---- the kernel ---------------------------------------------------------------------------- */
 
-template <int E, int ITEMS>
-__global__ void __launch_bounds__(kThreads, ITEMS == 1 ? 1 : 4) prologue_kernel(const __grid_constant__ PrologueArgs a)
+__device__ void zero_tail(const PrologueArgs &a, int r)
 {
-    constexpr int D = E * 32;
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-
-    if ((int)blockIdx.x >= a.main_ctas) {
-        /* Tail zero-fill: rows offset+1 .. P-1 of the request's last page, K, V and scales. */
-        int r = blockIdx.x - a.main_ctas;
-        long long last = a.req_last_slot[r];
-        if (last < 0 || last >= a.num_slots)
-            return;
-        int P = 1 << a.page_shift;
-        int first = (int)(last & (P - 1)) + 1;
-        if (first >= P)
-            return;
-        uint8_t *page = a.pool_layer + (last >> a.page_shift) * a.block_stride;
-        long long bytes = (long long)(P - first) * a.token_stride; /* multiple of 64 */
-        uint4 zero = make_uint4(0, 0, 0, 0);
-        uint4 *k = reinterpret_cast<uint4 *>(page + first * a.token_stride);
-        uint4 *v = reinterpret_cast<uint4 *>(page + a.v_offset + first * a.token_stride);
-        for (long long i = threadIdx.x; i < bytes / 16; i += blockDim.x) {
-            k[i] = zero;
-            v[i] = zero;
-        }
-        if (a.per_token_head) {
-            float *ks = reinterpret_cast<float *>(page + a.kscale_offset) + (long long)first * a.hkv;
-            for (int i = threadIdx.x; i < (P - first) * a.hkv; i += blockDim.x)
-                ks[i] = 0.0f;
-        }
+    const long long last = a.req_last_slot[r];
+    if (last < 0 || last >= a.num_slots)
         return;
+    const int P = 1 << a.page_shift;
+    const int first = (int)(last & (P - 1)) + 1;
+    if (first >= P)
+        return;
+    uint8_t *page = a.pool_layer + (last >> a.page_shift) * a.block_stride;
+    const long long n16 = (long long)(P - first) * a.token_stride / 16; /* token_stride % 64 == 0 */
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    uint4 *k = reinterpret_cast<uint4 *>(page + first * a.token_stride);
+    uint4 *v = reinterpret_cast<uint4 *>(page + a.v_offset + first * a.token_stride);
+    for (long long i = threadIdx.x; i < n16; i += blockDim.x) {
+        k[i] = zero;
+        v[i] = zero;
     }
-
-    using In = typename Vec<E>::In;
-    /* 32-bit item indices: a 64-bit division costs more than the rest of the index math. */
-    const int item0 = ((int)blockIdx.x * kWarpsPerCta + warp) * ITEMS;
-
-    /* Phase 1: issue the loads of every item before any math (bytes in flight). The angles
-     * are loaded per item below: they are shared by all heads of a token, so they hit L1/L2,
-     * and holding them for all items would cost registers the loads need. */
-    In raw[ITEMS];
-    int tok[ITEMS], head[ITEMS], pos[ITEMS];
-    long long slot[ITEMS];
-    bool live[ITEMS];
-#pragma unroll
-    for (int j = 0; j < ITEMS; j++) {
-        const int item = item0 + j;
-        live[j] = item < a.num_items;
-        tok[j] = live[j] ? item / a.heads : 0;
-        head[j] = live[j] ? item - tok[j] * a.heads : 0;
-        if (live[j]) {
-            const In *src = reinterpret_cast<const In *>(a.qkv + (long long)tok[j] * a.qkv_stride +
-                                                         (long long)head[j] * D) + lane;
-            raw[j] = __ldcs(src); /* read once: evict-first in L2 */
-            if (head[j] < a.hq + a.hkv)
-                pos[j] = __ldg(a.positions + tok[j]);
-            if (head[j] >= a.hq)
-                slot[j] = __ldg(reinterpret_cast<const long long *>(a.slot_mapping) + tok[j]);
-        }
-    }
-
-    /* Phase 3: math and stores, item by item (warp-uniform branches). */
-#pragma unroll
-    for (int j = 0; j < ITEMS; j++) {
-        if (!live[j])
-            continue;
-        float x[E];
-        unpack_bf16<E>(raw[j], x);
-        const int h = head[j], t = tok[j];
-        if (h < a.hq + a.hkv) {
-            /* Out-of-range positions cannot be refused after launch; clamp so the read stays
-             * in the table (the CPU function refuses them; callers validate). */
-            const int p = min(max(pos[j], 0), a.max_pos - 1);
-            const float *crow = a.rope_cos + (long long)p * (D / 2);
-            const float *srow = a.rope_sin + (long long)p * (D / 2);
-            float cs[E], sn[E];
-            if (a.rope_gptj) {
-#pragma unroll
-                for (int i = 0; i < E / 2; i++) {
-                    cs[i] = __ldg(crow + lane * (E / 2) + i);
-                    sn[i] = __ldg(srow + lane * (E / 2) + i);
-                }
-            } else {
-#pragma unroll
-                for (int i = 0; i < E; i++) {
-                    cs[i] = __ldg(crow + (lane & 15) * E + i);
-                    sn[i] = __ldg(srow + (lane & 15) * E + i);
-                }
-            }
-            const float *w = h < a.hq ? a.q_norm_weight : a.k_norm_weight;
-            if (a.norm_mode == TKVK_NORM_BEFORE_ROPE)
-                rms_norm<E>(x, w, lane, a.norm_eps);
-            rope<E>(x, cs, sn, lane, a.rope_gptj != 0);
-            if (a.norm_mode == TKVK_NORM_AFTER_ROPE)
-                rms_norm<E>(x, w, lane, a.norm_eps);
-            if (a.hadamard)
-                hadamard<E>(x, lane, a.hadamard_scale);
-        }
-        if (h < a.hq) {
-            long long row = (long long)t * a.hq + h;
-            if (a.q_fp8) {
-                float scale = dynamic_scale<E>(x);
-                auto *dst = reinterpret_cast<typename Vec<E>::Out8 *>(
-                    static_cast<uint8_t *>(a.q_out) + row * D) + lane;
-                *dst = pack_fp8<E>(x, __fdiv_rn(1.0f, scale));
-                if (lane == 0)
-                    a.q_scale_out[row] = scale;
-            } else {
-                auto *dst = reinterpret_cast<typename Vec<E>::Out16 *>(
-                    static_cast<uint16_t *>(a.q_out) + row * D) + lane;
-                *dst = pack_bf16<E>(x);
-            }
-            continue;
-        }
-        if (slot[j] < 0 || slot[j] >= a.num_slots)
-            continue; /* -1: not stored; out of range: never written out of bounds */
-        const bool is_v = h >= a.hq + a.hkv;
-        const int kvh = is_v ? h - a.hq - a.hkv : h - a.hq;
-        const long long off = slot[j] & ((1 << a.page_shift) - 1);
-        uint8_t *page = a.pool_layer + (slot[j] >> a.page_shift) * a.block_stride;
-        uint8_t *dst = page + (is_v ? a.v_offset : 0) + off * a.token_stride;
-        if (!a.kv_fp8) {
-            reinterpret_cast<typename Vec<E>::Out16 *>(dst + (long long)kvh * D * 2)[lane] =
-                pack_bf16<E>(x);
-            continue;
-        }
-        float inv;
-        if (!a.per_token_head) {
-            inv = is_v ? a.inv_v_scale : a.inv_k_scale;
-        } else if (is_v) {
-            inv = __fdiv_rn(1.0f, __ldg(a.v_head_scales + kvh));
-        } else {
-            float scale = dynamic_scale<E>(x);
-            inv = __fdiv_rn(1.0f, scale);
-            if (lane == 0)
-                reinterpret_cast<float *>(page + a.kscale_offset)[off * a.hkv + kvh] = scale;
-        }
-        reinterpret_cast<typename Vec<E>::Out8 *>(dst + (long long)kvh * D)[lane] =
-            pack_fp8<E>(x, inv);
+    if (a.per_token_head) {
+        float *ks = reinterpret_cast<float *>(page + a.kscale_offset) + (long long)first * a.hkv;
+        for (int i = threadIdx.x; i < (P - first) * a.hkv; i += blockDim.x)
+            ks[i] = 0.0f;
     }
 }
 
-template <int E, int ITEMS> int launch(PrologueArgs &a, cudaStream_t stream)
+/* One (token t, head h) item: the header's steps on the lane's 16 elements, then the stores.
+ * pos is read for Q/K heads only, slot for K/V heads only. */
+template <int LH>
+__device__ __forceinline__ void process_item(const PrologueArgs &a, const uint4 &raw0,
+                                             const uint4 &raw1, int t, int h, int pos,
+                                             long long slot, int j, unsigned gmask)
 {
-    long long warps = ((long long)a.num_items + ITEMS - 1) / ITEMS;
+    constexpr int D = LH * 16;
+    float x[16];
+    unpack8(raw0, x);
+    unpack8(raw1, x + 8);
+    if (h < a.hq + a.hkv) {
+        /* A position outside the table cannot be refused after launch: clamp so the read
+         * stays inside it (the CPU function refuses; callers validate). */
+        const int p = min(max(pos, 0), a.max_pos - 1);
+        const float *w = h < a.hq ? a.q_norm_weight : a.k_norm_weight;
+        if (a.norm_mode == TKVK_NORM_BEFORE_ROPE)
+            rms_norm<LH>(x, w, j, gmask, a.norm_eps);
+        rope<LH>(x, a.rope_cos + (long long)p * (D / 2), a.rope_sin + (long long)p * (D / 2), j,
+                 a.rope_gptj != 0);
+        if (a.norm_mode == TKVK_NORM_AFTER_ROPE)
+            rms_norm<LH>(x, w, j, gmask, a.norm_eps);
+        if (a.hadamard)
+            hadamard<LH>(x, j, gmask, a.hadamard_scale);
+    }
+    if (h < a.hq) {
+        const long long row = (long long)t * a.hq + h;
+        if (a.q_fp8) {
+            const float scale = dynamic_scale<LH>(x, gmask);
+            const float inv = __fdiv_rn(1.0f, scale);
+            uint8_t *dst = static_cast<uint8_t *>(a.q_out) + row * D + 8 * j;
+            *reinterpret_cast<uint2 *>(dst) = pack8_fp8(x, inv);
+            *reinterpret_cast<uint2 *>(dst + D / 2) = pack8_fp8(x + 8, inv);
+            if (j == 0)
+                a.q_scale_out[row] = scale;
+        } else {
+            uint16_t *dst = static_cast<uint16_t *>(a.q_out) + row * D + 8 * j;
+            *reinterpret_cast<uint4 *>(dst) = pack8_bf16(x);
+            *reinterpret_cast<uint4 *>(dst + D / 2) = pack8_bf16(x + 8);
+        }
+        return;
+    }
+    if (slot < 0 || slot >= a.num_slots)
+        return; /* -1: not stored; out of range: never written out of bounds */
+    const bool is_v = h >= a.hq + a.hkv;
+    const int kvh = is_v ? h - a.hq - a.hkv : h - a.hq;
+    const long long off = slot & ((1 << a.page_shift) - 1);
+    uint8_t *page = a.pool_layer + (slot >> a.page_shift) * a.block_stride;
+    uint8_t *row = page + (is_v ? a.v_offset : 0) + off * a.token_stride;
+    if (!a.kv_fp8) {
+        uint16_t *dst = reinterpret_cast<uint16_t *>(row) + kvh * D + 8 * j;
+        *reinterpret_cast<uint4 *>(dst) = pack8_bf16(x);
+        *reinterpret_cast<uint4 *>(dst + D / 2) = pack8_bf16(x + 8);
+        return;
+    }
+    float inv;
+    if (!a.per_token_head) {
+        inv = is_v ? a.inv_v_scale : a.inv_k_scale;
+    } else if (is_v) {
+        inv = __fdiv_rn(1.0f, __ldg(a.v_head_scales + kvh));
+    } else {
+        const float scale = dynamic_scale<LH>(x, gmask);
+        inv = __fdiv_rn(1.0f, scale);
+        if (j == 0)
+            reinterpret_cast<float *>(page + a.kscale_offset)[off * a.hkv + kvh] = scale;
+    }
+    uint8_t *dst = row + kvh * D + 8 * j;
+    *reinterpret_cast<uint2 *>(dst) = pack8_fp8(x, inv);
+    *reinterpret_cast<uint2 *>(dst + D / 2) = pack8_fp8(x + 8, inv);
+}
+
+template <int LH, int ITEMS>
+__global__ void __launch_bounds__(kThreads) prologue_kernel(const __grid_constant__ PrologueArgs a)
+{
+    constexpr int D = LH * 16, G = 32 / LH;
+    if ((int)blockIdx.x >= a.main_ctas) {
+        zero_tail(a, (int)blockIdx.x - a.main_ctas);
+        return;
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int grp = lane / LH, j = lane % LH;
+    const unsigned gmask = LH == 32 ? 0xffffffffu : ((1u << LH) - 1u) << (grp * LH);
+    /* Round `it` of a warp covers items base + it*G .. + G-1, one per group: consecutive heads,
+     * so a warp's loads are contiguous. 32-bit indices: 64-bit division is expensive. */
+    const int base = ((int)blockIdx.x * kWarpsPerCta + warp) * ITEMS * G + grp;
+
+    /* Phase 1: every load of every item before any math (bytes in flight). */
+    uint4 raw[ITEMS][2];
+    int tok[ITEMS], head[ITEMS], pos[ITEMS] = {};
+    long long slot[ITEMS] = {};
+#pragma unroll
+    for (int it = 0; it < ITEMS; it++) {
+        const int item = base + it * G;
+        tok[it] = item / a.heads;
+        head[it] = item - tok[it] * a.heads;
+        if (item < a.num_items) {
+            const uint16_t *src = a.qkv + (long long)tok[it] * a.qkv_stride + head[it] * D + 8 * j;
+            raw[it][0] = __ldcs(reinterpret_cast<const uint4 *>(src)); /* read once: evict-first */
+            raw[it][1] = __ldcs(reinterpret_cast<const uint4 *>(src + D / 2));
+            if (head[it] < a.hq + a.hkv)
+                pos[it] = __ldg(a.positions + tok[it]);
+            if (head[it] >= a.hq)
+                slot[it] = __ldg(reinterpret_cast<const long long *>(a.slot_mapping) + tok[it]);
+        }
+    }
+
+    /* Phase 2: math and stores, item by item (branches uniform within a group). */
+#pragma unroll
+    for (int it = 0; it < ITEMS; it++) {
+        if (base + it * G >= a.num_items)
+            continue;
+        process_item<LH>(a, raw[it][0], raw[it][1], tok[it], head[it], pos[it], slot[it], j,
+                         gmask);
+    }
+}
+
+/* The persistent variant: a grid of resident CTAs; every group walks items item, item +
+ * stride, .. and loads the next item's input before working on the current one, so reads
+ * stay in flight while the math runs (register double buffering). */
+template <int LH>
+__global__ void __launch_bounds__(kThreads, 4) prologue_persistent(const __grid_constant__ PrologueArgs a)
+{
+    constexpr int D = LH * 16, G = 32 / LH;
+    if ((int)blockIdx.x >= a.main_ctas) {
+        zero_tail(a, (int)blockIdx.x - a.main_ctas);
+        return;
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int grp = lane / LH, j = lane % LH;
+    const unsigned gmask = LH == 32 ? 0xffffffffu : ((1u << LH) - 1u) << (grp * LH);
+    const int stride = a.main_ctas * kWarpsPerCta * G;
+    int item = ((int)blockIdx.x * kWarpsPerCta + warp) * G + grp;
+    if (item >= a.num_items)
+        return;
+
+    int t = item / a.heads, h = item - t * a.heads, pos = 0;
+    long long slot = -1;
+    uint4 r0, r1;
+    {
+        const uint16_t *src = a.qkv + (long long)t * a.qkv_stride + h * D + 8 * j;
+        r0 = __ldcs(reinterpret_cast<const uint4 *>(src));
+        r1 = __ldcs(reinterpret_cast<const uint4 *>(src + D / 2));
+        if (h < a.hq + a.hkv)
+            pos = __ldg(a.positions + t);
+        if (h >= a.hq)
+            slot = __ldg(reinterpret_cast<const long long *>(a.slot_mapping) + t);
+    }
+    for (;;) {
+        const uint4 c0 = r0, c1 = r1;
+        const int ct = t, ch = h, cpos = pos;
+        const long long cslot = slot;
+        const int next = item + stride;
+        const bool more = next < a.num_items && next > item; /* (no wrap-around) */
+        if (more) {
+            t = next / a.heads;
+            h = next - t * a.heads;
+            const uint16_t *src = a.qkv + (long long)t * a.qkv_stride + h * D + 8 * j;
+            r0 = __ldcs(reinterpret_cast<const uint4 *>(src));
+            r1 = __ldcs(reinterpret_cast<const uint4 *>(src + D / 2));
+            if (h < a.hq + a.hkv)
+                pos = __ldg(a.positions + t);
+            if (h >= a.hq)
+                slot = __ldg(reinterpret_cast<const long long *>(a.slot_mapping) + t);
+        }
+        process_item<LH>(a, c0, c1, ct, ch, cpos, cslot, j, gmask);
+        if (!more)
+            break;
+        item = next;
+    }
+}
+
+template <int LH, int ITEMS> int launch(PrologueArgs &a, cudaStream_t stream)
+{
+    constexpr int G = 32 / LH;
+    long long warps = ((long long)a.num_items + ITEMS * G - 1) / (ITEMS * G);
     long long ctas = (warps + kWarpsPerCta - 1) / kWarpsPerCta;
     if (ctas + a.num_reqs > 0x7fffffffLL)
         return tkvk__fail(TKVK_EINVAL, "tkvk_prologue_cuda: %lld tokens are too many for one "
                           "call", (long long)a.num_tokens);
     a.main_ctas = (int)ctas;
-    a.items_per_cta = kWarpsPerCta * ITEMS;
     unsigned grid = (unsigned)(ctas + a.num_reqs);
     if (grid == 0)
         return TKVK_OK;
-    prologue_kernel<E, ITEMS><<<grid, kThreads, 0, stream>>>(a);
+    prologue_kernel<LH, ITEMS><<<grid, kThreads, 0, stream>>>(a);
     TKVK_CUDA_TRY(cudaGetLastError());
     return TKVK_OK;
 }
 
-/* Below this many items a call is latency-bound: one item per warp. */
-constexpr long long kManyItems = 32768;
-
-/* items_per_warp: 0 = chosen here; else 1, 2 or 4 (benchmarks compare them). */
-template <int E> int launch_d(PrologueArgs &a, cudaStream_t stream, int items_per_warp)
+template <int LH> int launch_persistent(PrologueArgs &a, cudaStream_t stream)
 {
-    if (items_per_warp == 0) {
-        /* ~512..1024 bytes of input per warp in flight in the bandwidth-bound regime, within
-         * the 64 registers that keep 4 CTAs (32 warps) resident per SM. */
-        items_per_warp = a.num_items < kManyItems ? 1 : (E == 8 ? 2 : 4);
-    }
-    switch (items_per_warp) {
-    case 1: return launch<E, 1>(a, stream);
-    case 2: return launch<E, 2>(a, stream);
-    case 4: return launch<E, 4>(a, stream);
+    constexpr int G = 32 / LH;
+    int dev = 0, sms = 0, per_sm = 0;
+    TKVK_CUDA_TRY(cudaGetDevice(&dev));
+    TKVK_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    TKVK_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, prologue_persistent<LH>,
+                                                                kThreads, 0));
+    long long needed = ((long long)a.num_items + kWarpsPerCta * G - 1) / (kWarpsPerCta * G);
+    long long ctas = std::min<long long>(needed, (long long)sms * std::max(per_sm, 1));
+    a.main_ctas = (int)ctas;
+    unsigned grid = (unsigned)(ctas + a.num_reqs);
+    if (grid == 0)
+        return TKVK_OK;
+    prologue_persistent<LH><<<grid, kThreads, 0, stream>>>(a);
+    TKVK_CUDA_TRY(cudaGetLastError());
+    return TKVK_OK;
+}
+
+/* items_per_group: 0 = chosen here; 1, 2 or 4 = that many items per group in one pass;
+ * 8 = the persistent grid (the benchmark compares them all). */
+template <int LH> int launch_d(PrologueArgs &a, cudaStream_t stream, int items_per_group)
+{
+    switch (items_per_group) {
+    case 0: /* one item per group: measured fastest at every size (docs/perf-kernels-prologue.md) */
+    case 1: return launch<LH, 1>(a, stream);
+    case 2: return launch<LH, 2>(a, stream);
+    case 4: return launch<LH, 4>(a, stream);
+    case 8: return launch_persistent<LH>(a, stream);
     default:
-        return tkvk__fail(TKVK_EINVAL, "tkvk_prologue_cuda: items_per_warp %d (1, 2 or 4)",
-                          items_per_warp);
+        return tkvk__fail(TKVK_EINVAL, "tkvk_prologue_cuda: items per group %d (1, 2, 4 or 8)",
+                          items_per_group);
     }
 }
 
@@ -429,9 +525,9 @@ extern "C" int tkvk__prologue_cuda_tuned(const tkvk_prologue_params *p, void *st
 
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     switch (d) {
-    case 64: return launch_d<2>(a, s, items_per_warp);
-    case 128: return launch_d<4>(a, s, items_per_warp);
-    default: return launch_d<8>(a, s, items_per_warp);
+    case 64: return launch_d<4>(a, s, items_per_warp);
+    case 128: return launch_d<8>(a, s, items_per_warp);
+    default: return launch_d<16>(a, s, items_per_warp);
     }
 }
 

@@ -100,9 +100,10 @@ int tkvk_cuda_available(void);
  *
  * Arithmetic (the CPU reference and the CUDA kernel do the same float operations in the same
  * order, without fused multiply-adds, so their outputs agree bit for bit):
- *   RMSNorm:  ss = sum of x_i^2, accumulated as 32 partial sums (partial j sums elements
- *             [j*D/32, (j+1)*D/32) in order) combined by the butterfly p_j += p_(j^m) for m =
- *             16, 8, 4, 2, 1; inv = 1 / sqrtf(ss / D + eps); y_i = (x_i * inv) * w_i.
+ *   RMSNorm:  ss = sum of x_i^2, accumulated as D/16 partial sums (partial j sums elements
+ *             8j .. 8j+7 then D/2+8j .. D/2+8j+7, in order) combined by the butterfly
+ *             p_j += p_(j^m) for m = D/32, .., 2, 1; inv = 1 / sqrtf(ss / D + eps);
+ *             y_i = (x_i * inv) * w_i.
  *   RoPE:     pair (a, b) with angle table c = cos[pos][i], s = sin[pos][i]:
  *             a' = a*c - b*s, b' = b*c + a*s. NeoX pairs (i, i + D/2); GPT-J pairs (2i, 2i+1).
  *   Hadamard: the Walsh-Hadamard butterflies for h = 1, 2, 4, .., D/2 ((a, b) -> (a+b, a-b)),

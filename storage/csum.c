@@ -30,6 +30,9 @@ static inline uint64_t fmix(uint64_t x)
     return x ^ (x >> 31);
 }
 
+static uint64_t finish(uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3, const uint8_t *p,
+                       size_t n, size_t len);
+
 uint64_t tkv_csum64(const void *data, size_t len)
 {
     const uint8_t *p = data;
@@ -44,6 +47,38 @@ uint64_t tkv_csum64(const void *data, size_t len)
         p += 32;
         n -= 32;
     }
+    return finish(a0, a1, a2, a3, p, n, len);
+}
+
+uint64_t tkv_csum64_copy(void *dst, const void *src, size_t len)
+{
+    const uint8_t *p = src;
+    uint8_t *d = dst;
+    uint64_t a0 = 0x243F6A8885A308D3ull, a1 = 0x13198A2E03707344ull;
+    uint64_t a2 = 0xA4093822299F31D0ull, a3 = 0x082EFA98EC4E6C89ull;
+    size_t n = len;
+    while (n >= 32) {
+        uint64_t v0 = load64(p), v1 = load64(p + 8), v2 = load64(p + 16), v3 = load64(p + 24);
+        memcpy(d, &v0, 8);
+        memcpy(d + 8, &v1, 8);
+        memcpy(d + 16, &v2, 8);
+        memcpy(d + 24, &v3, 8);
+        a0 = lane_step(a0, v0);
+        a1 = lane_step(a1, v1);
+        a2 = lane_step(a2, v2);
+        a3 = lane_step(a3, v3);
+        p += 32;
+        d += 32;
+        n -= 32;
+    }
+    memcpy(d, p, n);
+    return finish(a0, a1, a2, a3, p, n, len);
+}
+
+/* The < 32-byte tail and the final mix, shared by both entry points. */
+static uint64_t finish(uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3, const uint8_t *p,
+                       size_t n, size_t len)
+{
     while (n >= 8) {
         a0 = lane_step(a0, load64(p));
         p += 8;

@@ -586,7 +586,8 @@ static int seg_trim(l3_seg *s)
 
 /* Reserves an aligned slot of alen bytes in the current segment for a writer; the writer
  * holds a reference and a pending count until its record is committed (seg_release_write). */
-static int seg_reserve(tkv_l3 *l3, uint64_t alen, l3_seg **out, uint64_t *off)
+static int seg_reserve(tkv_l3 *l3, uint64_t alen, int over_capacity, l3_seg **out,
+                       uint64_t *off)
 {
     int rc = TKV_OK;
     pthread_mutex_lock(&l3->seg_mu);
@@ -594,7 +595,8 @@ static int seg_reserve(tkv_l3 *l3, uint64_t alen, l3_seg **out, uint64_t *off)
         rc = TKV_EREADONLY;
         goto out;
     }
-    if (l3->o.capacity_bytes && l3->disk_bytes + alen > l3->o.capacity_bytes) {
+    if (!over_capacity && l3->o.capacity_bytes &&
+        l3->disk_bytes + alen > l3->o.capacity_bytes) {
         rc = TKV_EFULL;
         goto out;
     }
@@ -1024,7 +1026,8 @@ typedef struct w_item {
     /* input: either a raw payload to encode, or an already-encoded aligned buffer */
     const void *payload;
     size_t len;
-    const void *stored;       /* pre-encoded (compaction): codec/csum/stored_len given */
+    const void *stored;       /* pre-encoded (compaction): codec/csum/stored_len given; may
+                               * exceed the capacity for a moment: it frees more than it uses */
     /* result */
     uint8_t codec;
     uint64_t stored_len, alen, csum;
@@ -1140,7 +1143,7 @@ static int w_prep(l3_job *j, size_t i, l3_op *op)
         memset((char *)buf + it->stored_len, 0, it->alen - it->stored_len);
     if (!it->stored)
         it->csum = tkv_l3_hash64(buf, it->stored_len, 0);
-    int rc = seg_reserve(l3, it->alen, &it->seg, &it->off);
+    int rc = seg_reserve(l3, it->alen, it->stored != NULL, &it->seg, &it->off);
     if (rc != TKV_OK) {
         it->status = rc;
         ctx_buf_put(c, bi);
@@ -1848,18 +1851,21 @@ int tkv_l3_compact(tkv_l3 *l3, uint64_t *bytes_reclaimed)
     uint64_t reclaimed = 0;
     victim_list vl = {.l3 = l3};
 
-    /* Victims: sealed segments (not appended to, no uncommitted writer) whose dead share is
-     * over the threshold. */
+    /* Victims: segments without an uncommitted writer whose dead share is over the
+     * threshold. The segment being appended to qualifies too (else a store smaller than one
+     * segment could never reclaim anything); it is sealed, and appends go to a new one. */
     pthread_mutex_lock(&l3->seg_mu);
     uint32_t cap = l3->segs_cap;
     uint8_t *is_victim = tkv_xcalloc(cap ? cap : 1, 1);
     size_t num_victims = 0;
     for (uint32_t id = 1; id < cap; id++) {
         l3_seg *s = l3->segs[id];
-        if (!s || s->doomed || s->compacting || id == l3->cur_id || s->pending || s->end == 0)
+        if (!s || s->doomed || s->compacting || s->pending || s->end == 0)
             continue;
         uint64_t dead = s->end > s->live ? s->end - s->live : 0;
         if ((double)dead >= l3->o.dead_fraction * (double)s->end) {
+            if (id == l3->cur_id)
+                l3->cur_id = 0;
             is_victim[id] = 1;
             s->compacting = 1;
             num_victims++;

@@ -116,6 +116,10 @@ static void lru_accessed(void *state, tkv_policy_entry *e, uint64_t now_ns)
 {
     lru_state *st = state;
     e->p_u64[0] = now_ns;
+    /* Order inside PINNED is irrelevant (never victims; they re-enter at the hot end when
+     * unpinned), and a lookup pins before it touches: skip the relink there. */
+    if (e->p_u64[1] == LRU_PINNED)
+        return;
     list_unlink(e);
     list_push_hot(&st->lists[e->p_u64[1]], e);
 }

@@ -8,11 +8,7 @@
  *      more life, up to kMaxLevel hits: a prefix that keeps being hit survives gaps between its
  *      uses that are longer than the tier's LRU horizon. The cap is the aging: a block hit
  *      kMaxLevel times and then abandoned goes kMaxLevel * bonus_ticks after its last use.
- *   2. A conversation's next turn re-sends the previous one: blocks appended to a chain that
- *      is being extended in a line (the parent has no other live branch) inherit the parent's
- *      level, because they belong to a conversation that has already come back that often.
- *      Blocks hung under a hub (a system prompt with many branches) start at level 0.
- *   3. Dead suffixes go first: when a chain is extended in a new direction from a block P, the
+ *   2. Dead suffixes go first: when a chain is extended in a new direction from a block P, the
  *      previous newest branch under P that was never hit is the abandoned end of an earlier
  *      request (typically a prompt's last, partial block, re-sent differently by the next
  *      turn). Its never-hit blocks are marked dead and are victims before anything else.
@@ -42,20 +38,8 @@
 
 #include <stdlib.h>
 
-#ifndef TKV_TIERKV_MAX_LEVEL
-#define TKV_TIERKV_MAX_LEVEL 4
-#endif
-#ifndef TKV_TIERKV_BONUS
-#define TKV_TIERKV_BONUS 1.0
-#endif
-#ifndef TKV_TIERKV_INHERIT
-#define TKV_TIERKV_INHERIT 1
-#endif
-#ifndef TKV_TIERKV_DEAD
-#define TKV_TIERKV_DEAD 1
-#endif
-enum { kMaxLevel = TKV_TIERKV_MAX_LEVEL };                /* hits beyond this earn nothing */
-static const double kBonusPerCapacity = TKV_TIERKV_BONUS; /* life per hit, in tier fills */
+enum { kMaxLevel = 4 };                       /* hits beyond this earn nothing */
+static const double kBonusPerCapacity = 0.5;  /* life per hit, in fills of the tier */
 enum { kMaxWalk = 32 };                                   /* bound of a sorted re-placement */
 
 enum { CLASS_TAIL = 0, CLASS_INTERIOR = 1, NUM_CLASSES = 2 };
@@ -231,10 +215,8 @@ static void tierkv_inserted(void *state, tkv_policy_entry *e, uint64_t now_ns)
         tkv_policy_entry *older = newest_child(p);
         /* Only where the chain was a line until now: under a hub (a shared system prompt
          * with many branches) a new branch says nothing about its siblings. */
-        if (TKV_TIERKV_DEAD && older && older != e && p->num_children == 2)
+        if (older && older != e && p->num_children <= 2)
             mark_dead_branch(st, older);
-        if (TKV_TIERKV_INHERIT && p->num_children <= 2)
-            set_hits(e, hits_of(p) < kMaxLevel ? hits_of(p) : kMaxLevel);
         p->p_u64[2] = (uint64_t)(uintptr_t)e;
     }
     set_list(e, list_of(e));

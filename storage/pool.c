@@ -62,7 +62,11 @@ int tkv_pool_create(const char *name, size_t slot_bytes, uint64_t num_slots, tkv
         TKV_LOG(TKV_LOG_ERROR, "sealing memfd: %s", strerror(errno));
         goto fail;
     }
-    p->base = mmap(NULL, p->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, p->fd, 0);
+    /* MAP_POPULATE: the pool is memory the operator gave the cache, so take it now. A first
+     * touch of a shmem page costs several times the copy into it (measured: put into a fresh
+     * pool ran at ~1/5 the speed of a warm one), and the GPU tier registers the whole range
+     * with the driver anyway. */
+    p->base = mmap(NULL, p->bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, p->fd, 0);
     if (p->base == MAP_FAILED) {
         TKV_LOG(TKV_LOG_ERROR, "mmap of %llu-byte pool: %s", (unsigned long long)p->bytes,
                 strerror(errno));

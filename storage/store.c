@@ -10,8 +10,8 @@
  *                      idx_lock in write mode and mu held, so either one suffices to read it.
  *   pool mutex         inside tkv_pool, innermost.
  * Order: idx_lock -> mu -> pool. No I/O, memcpy of payloads or checksum runs under idx_lock
- * or mu (the one exception: L3 capacity eviction deletes index records in one RocksDB batch
- * under the locks; no payload I/O, and only when L3 is full).
+ * or mu. The exception is deleting L3 index records (L3 full, operator evict of L3, a block
+ * found bad): one RocksDB write batch under the locks, no payload I/O, and rare.
  *
  * A lookup of a chain probes the table under the read lock (lookups run in parallel), then
  * takes mu once to check states, pin the hits, update the policies and create the lease.
@@ -24,10 +24,10 @@
  *
  * ---- Work ----------------------------------------------------------------------------------
  * Worker threads drain two queues: prefetch jobs (first, they have a waiter) and write-back
- * batches (L2 -> L3, many blocks per tkv_l3_put_batch). At most half the workers run write-back
- * at once so a prefetch always finds a worker. A caller that needs L2 room while every victim
- * is waiting for its demotion runs a write-back batch itself instead of sleeping, so no caller
- * or worker waits on a queue that nobody drains.
+ * batches (L2 -> L3, many blocks per tkv_l3_put_batch). All but one worker may run write-back
+ * at once (L3 compresses on the calling thread), so a prefetch always finds a worker. A caller
+ * that needs L2 room while every victim is waiting for its demotion runs a write-back batch
+ * itself instead of sleeping, so no caller or worker waits on a queue that nobody drains.
  */
 #include "tkv_store.h"
 
@@ -69,7 +69,7 @@ struct tkv_store_opts {
 #define MAX_BLOCK_TOKENS 4096u
 #define MAX_KEYS_PER_CALL (1u << 20)
 #define WB_BATCH_BLOCKS 32
-#define WB_BATCH_BYTES (64ull << 20)
+#define WB_BATCH_BYTES (32ull << 20)
 #define TICKETS_KEPT 4096
 #define EXPIRED_KEEP_NS (60ull * 1000000000ull)
 #define RESERVE_DEADLINE_NS (30ull * 1000000000ull)
@@ -281,7 +281,10 @@ static void unlock(tkv_store *s) { pthread_mutex_unlock(&s->mu); }
 
 static bool l3_writable(const tkv_store *s) { return s->l3 && !s->l3_readonly; }
 
-static void *slot_ptr(const tkv_store *s, uint64_t slot) { return tkv_pool_slot_ptr(s->pool, slot); }
+static void *slot_ptr(const tkv_store *s, uint64_t slot)
+{
+    return tkv_pool_slot_ptr(s->pool, slot);
+}
 
 static uint64_t slot_offset(const tkv_store *s, uint64_t slot)
 {
@@ -666,10 +669,11 @@ int tkv_store_open(const tkv_store_opts *o, tkv_store **out)
     s->tiers[TKV_TIER_L2].enabled = true;
     s->tiers[TKV_TIER_L2].capacity_blocks = o->l2_blocks;
     s->tiers[TKV_TIER_L3].enabled = o->l3_dir != NULL;
-    s->tiers[TKV_TIER_L3].capacity_blocks =
-        !o->l3_dir ? 0
-        : o->l3_capacity_bytes ? (o->l3_capacity_bytes / o->block_bytes ? o->l3_capacity_bytes / o->block_bytes : 1)
-                               : UINT64_MAX;
+    /* L3 capacity in blocks of raw size (what the manager counts); 0 bytes = unlimited. */
+    uint64_t l3_blocks = o->l3_capacity_bytes / o->block_bytes;
+    s->tiers[TKV_TIER_L3].capacity_blocks = !o->l3_dir                ? 0
+                                            : !o->l3_capacity_bytes ? UINT64_MAX
+                                            : l3_blocks ? l3_blocks : 1;
     for (int t = TKV_TIER_L2; t < TKV_NUM_TIERS; t++) {
         tier *T = &s->tiers[t];
         T->ops = ops;
@@ -685,7 +689,9 @@ int tkv_store_open(const tkv_store_opts *o, tkv_store **out)
         goto fail;
 
     s->num_workers = o->workers;
-    s->wb_max_running = o->workers > 1 ? o->workers / 2 : 1;
+    /* L3 compresses on the calling thread, so write-back scales with concurrent batches;
+     * one worker is always left for prefetches. */
+    s->wb_max_running = o->workers > 1 ? o->workers - 1 : 1;
     s->workers = tkv_xcalloc(o->workers, sizeof(pthread_t));
     for (unsigned i = 0; i < o->workers; i++) {
         if (pthread_create(&s->workers[i], NULL, worker_main, s) != 0) {
@@ -859,10 +865,12 @@ int tkv_store_lookup(tkv_store *s, const tkv_key *keys, size_t num_keys, uint64_
         for (int t = TKV_TIER_L2; t < TKV_NUM_TIERS; t++)
             if (e->resident & RES(t))
                 s->tiers[t].ops->accessed(s->tiers[t].pstate, &e->pe[t], now);
-        tkv_block_loc loc = entry_loc(s, e);
-        s->st.hit_blocks_tier[loc.tier]++;
-        if (locs)
-            locs[i] = loc;
+        if (locs) {
+            locs[i] = entry_loc(s, e);
+            s->st.hit_blocks_tier[locs[i].tier]++;
+        } else {
+            s->st.hit_blocks_tier[(e->resident & RES(TKV_TIER_L2)) ? TKV_TIER_L2 : TKV_TIER_L3]++;
+        }
     }
     if (hit) {
         tkv_lease *l = tkv_lease_add(s->leases, owner, ttl_deadline(s, ttl_ms, now), ents, hit);
@@ -1084,9 +1092,7 @@ static int put_chunk(tkv_store *s, const tkv_key *parent, const tkv_key *keys,
 
     /* Copy and checksum with no lock held: the entries are WRITING, invisible and unevictable. */
     for (size_t j = 0; j < m; j++) {
-        void *dst = slot_ptr(s, slots[j]);
-        memcpy(dst, payloads[idx[j]], s->block_bytes);
-        ents[j]->csum = tkv_csum64(dst, s->block_bytes);
+        ents[j]->csum = tkv_csum64_copy(slot_ptr(s, slots[j]), payloads[idx[j]], s->block_bytes);
         ents[j]->flags |= F_CSUM;
     }
 
@@ -1638,7 +1644,8 @@ static void run_prefetch(tkv_store *s, prefetch_job *j)
         tkv_entry *e = j->waits[i];
         while (e->flags & F_PROMOTING)
             pthread_cond_wait(&s->cv_done, &s->mu);
-        if (!(e->resident & RES(TKV_TIER_L2)) && (status == TKV_OK || e->promote_err == TKV_ECHECKSUM))
+        if (!(e->resident & RES(TKV_TIER_L2)) &&
+            (status == TKV_OK || e->promote_err == TKV_ECHECKSUM))
             status = e->promote_err ? e->promote_err : TKV_ENOTFOUND;
         entry_unpin(s, e);
     }
@@ -1720,7 +1727,8 @@ static bool wb_run_batch(tkv_store *s, bool worker)
     bool have_csum[WB_BATCH_BLOCKS];   /* snapshots: flags may change once mu is dropped */
     size_t k = 0;
     uint64_t bytes = 0;
-    while (s->wb_head && k < WB_BATCH_BLOCKS && (k == 0 || bytes + s->block_bytes <= WB_BATCH_BYTES)) {
+    while (s->wb_head && k < WB_BATCH_BLOCKS &&
+           (k == 0 || bytes + s->block_bytes <= WB_BATCH_BYTES)) {
         tkv_entry *e = s->wb_head;
         s->wb_head = e->q_next;
         if (!s->wb_head)
@@ -1825,19 +1833,28 @@ static bool wb_run_batch(tkv_store *s, bool worker)
     return true;
 }
 
-/* No locks held: returns when the write-back queue is empty and nothing is in flight. */
-static void wb_wait_idle(tkv_store *s)
+/* No locks held; the caller pinned ents[0..n). Returns when none of them is queued for or in
+ * write-back. Waits for these blocks only, not for the queue to drain: under a steady stream of
+ * puts the queue may never be empty, but FIFO order brings these blocks to the front. Runs
+ * batches itself while it waits. */
+static void wb_wait_entries(tkv_store *s, tkv_entry *const *ents, size_t n)
 {
+    size_t i = 0;
     for (;;) {
+        lock(s);
+        while (i < n && !(ents[i]->flags & F_WB))
+            i++;
+        if (i == n) {
+            unlock(s);
+            return;
+        }
+        unlock(s);
         if (wb_run_batch(s, false))
             continue;
         lock(s);
-        bool idle = s->wb_len == 0 && s->wb_inflight == 0;
-        if (!idle)
+        if (ents[i]->flags & F_WB)
             cond_wait_until(&s->cv_done, &s->mu, tkv_now_ns() + 100000000ull);
         unlock(s);
-        if (idle)
-            return;
     }
 }
 
@@ -1917,7 +1934,7 @@ static int evict_l2(tkv_store *s, const tkv_key *keys, size_t nk, size_t *evicte
                     size_t *pinned)
 {
     collect_ctx c = {0};
-    tkv_key *pending = NULL;
+    tkv_entry **pending = NULL;
     size_t npending = 0;
     wr_lock(s);
     lock(s);
@@ -1936,26 +1953,38 @@ static int evict_l2(tkv_store *s, const tkv_key *keys, size_t nk, size_t *evicte
             (*evicted)++;
             entry_drop_if_gone(s, e);
         } else {
-            e->flags |= F_DROP_L2; /* demote first; the write-back drops the L2 copy */
+            /* Demote first. Our pin keeps the entry (and the write-back leaves the L2 copy to
+             * us: it drops F_DROP_L2 blocks only when its own pin is the last). */
+            e->flags |= F_DROP_L2;
             wb_queue(s, e);
+            entry_pin(s, e);
             if (!pending)
                 pending = tkv_xmalloc(c.n * sizeof(*pending));
-            pending[npending++] = e->key;
+            pending[npending++] = e;
         }
     }
     unlock(s);
     idx_unlock(s);
     free(c.ents);
     if (npending) {
-        wb_wait_idle(s);
-        rd_lock(s);
+        wb_wait_entries(s, pending, npending);
+        wr_lock(s);
         lock(s);
         for (size_t i = 0; i < npending; i++) {
-            tkv_entry *e = tkv_index_find(s->ix, &pending[i]);
-            if (e && (e->resident & RES(TKV_TIER_L2)))
-                (*pinned)++; /* a lookup pinned it before its demotion finished */
-            else
+            tkv_entry *e = pending[i];
+            e->flags &= (uint8_t)~F_DROP_L2;
+            if (!(e->resident & RES(TKV_TIER_L2))) {
+                (*evicted)++; /* dropped meanwhile (checksum failure) */
+            } else if (e->pins == 1 &&
+                       ((e->resident & RES(TKV_TIER_L3)) || !l3_writable(s))) {
+                tier_leave(s, e, TKV_TIER_L2);
+                s->st.evictions++;
                 (*evicted)++;
+            } else {
+                (*pinned)++; /* a lookup pinned it before its demotion finished */
+            }
+            entry_drop_if_gone(s, e);
+            entry_unpin(s, e);
         }
         unlock(s);
         idx_unlock(s);
@@ -2027,11 +2056,27 @@ int tkv_store_evict(tkv_store *s, int tier_id, const tkv_key *keys, size_t num_k
     return rc;
 }
 
+typedef struct flush_ctx {
+    tkv_store *s;
+    tkv_entry **ents;
+    size_t n, cap;
+} flush_ctx;
+
+/* Queues a READY block that is not durable yet and remembers (pins) those that are queued. */
 static int queue_unwritten(void *arg, tkv_entry *e)
 {
-    tkv_store *s = arg;
-    if (e->state == TKV_BLOCK_READY)
-        wb_queue(s, e); /* skips what is durable, queued, or has no tokens to record */
+    flush_ctx *fc = arg;
+    if (e->state != TKV_BLOCK_READY)
+        return 0;
+    wb_queue(fc->s, e); /* skips what is durable, already queued, or has no tokens to record */
+    if (!(e->flags & F_WB))
+        return 0;
+    if (fc->n == fc->cap) {
+        fc->cap = fc->cap ? fc->cap * 2 : 256;
+        fc->ents = tkv_xrealloc(fc->ents, fc->cap * sizeof(*fc->ents));
+    }
+    entry_pin(fc->s, e);
+    fc->ents[fc->n++] = e;
     return 0;
 }
 
@@ -2041,15 +2086,23 @@ int tkv_store_flush(tkv_store *s)
         return TKV_EINVAL;
     if (!s->l3)
         return TKV_OK;
+    flush_ctx fc = {.s = s};
     rd_lock(s);
     lock(s);
-    tkv_index_foreach(s->ix, queue_unwritten, s);
+    tkv_index_foreach(s->ix, queue_unwritten, &fc);
     unlock(s);
     idx_unlock(s);
-    wb_wait_idle(s);
+    wb_wait_entries(s, fc.ents, fc.n);
+    wr_lock(s);
     lock(s);
+    for (size_t i = 0; i < fc.n; i++) {
+        entry_drop_if_gone(s, fc.ents[i]);
+        entry_unpin(s, fc.ents[i]);
+    }
     int rc = s->l3_readonly ? TKV_EREADONLY : TKV_OK;
     unlock(s);
+    idx_unlock(s);
+    free(fc.ents);
     return rc;
 }
 

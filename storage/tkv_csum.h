@@ -15,4 +15,8 @@
 
 uint64_t tkv_csum64(const void *data, size_t len);
 
+/* Copies len bytes src -> dst (not overlapping) and returns tkv_csum64(src, len): one read
+ * of the source instead of two, for the put path. */
+uint64_t tkv_csum64_copy(void *dst, const void *src, size_t len);
+
 #endif

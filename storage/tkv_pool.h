@@ -5,7 +5,8 @@
  * Slot i lives at byte offset i * slot_stride. slot_stride is slot_bytes rounded up to 4096 so
  * every slot is page aligned (O_DIRECT reads land straight in a slot; clients can mprotect or
  * map single slots). The file is sealed against growing and shrinking (F_SEAL_GROW |
- * F_SEAL_SHRINK) so a client can trust its mapping never turns into SIGBUS.
+ * F_SEAL_SHRINK) so a client can trust its mapping never turns into SIGBUS. The mapping is
+ * populated at creation (the whole pool is committed memory from the start).
  *
  * Free-slot accounting: a stack of free slot indices plus one state byte per slot; a double
  * free or a free of a slot that was never handed out is a TKV_ASSERT (a bug, never input).

@@ -12,11 +12,15 @@ const kPollMs = 1000;
 const kPrefixEvery = 5;        /* polls between /api/prefixes refreshes */
 const kFetchTimeoutMs = 3000;
 const kHistory = 300;          /* samples kept on the charts (5 minutes at 1 s) */
+const kWindowMs = 5000;        /* rates, hit rates and percentiles are over this sliding window:
+                                  a 1 s interval often holds no lookup at all, which would draw
+                                  a gap, and a handful of lookups makes a noisy percentile */
 const kTiers = ['l1', 'l2', 'l3'];
 const kTierColor = { all: '#222222', l1: '#7b3294', l2: '#1b7837', l3: '#2166ac' };
 
 const state = {
-  prev: null,          /* last snapshot, the baseline for rates */
+  prev: null,          /* last snapshot */
+  recent: [],          /* snapshots of the last kWindowMs (since the last restart) */
   samples: 0,
   polls: 0,
   lastOkMs: 0,
@@ -62,7 +66,7 @@ function setStatus(kind, text) {
 
 function lineChart(id, datasets, yOpts, extraScales) {
   const scales = Object.assign({
-    x: { ticks: { maxTicksLimit: 8, maxRotation: 0 } },
+    x: { ticks: { maxTicksLimit: 5, maxRotation: 0 } },
     y: Object.assign({ beginAtZero: true }, yOpts || {}),
   }, extraScales || {});
   return new Chart(document.getElementById(id), {
@@ -97,10 +101,19 @@ function makeCharts() {
       { label: 'resident', data: [0, 0, 0], backgroundColor: '#2166ac' },
       { label: 'capacity', data: [0, 0, 0], backgroundColor: '#d1e5f0' },
     ] },
+    /* Horizontal bars on a log axis: L2 is often 100x smaller than L3 and must stay visible;
+     * an absent tier (0 bytes) or an unlimited capacity (0) shows no bar. */
     options: {
-      animation: false, responsive: true, maintainAspectRatio: false,
+      indexAxis: 'y', animation: false, responsive: true, maintainAspectRatio: false,
       plugins: { tooltip: { callbacks: { label: c => c.dataset.label + ': ' + fmtBytes(c.raw) } } },
-      scales: { y: { beginAtZero: true, ticks: { callback: v => fmtBytes(v) } } },
+      scales: { x: { type: 'logarithmic', min: 1 << 20,
+                     /* ticks at powers of 4 bytes (1 MiB, 4 MiB, ..., 1 GiB, ...), readable */
+                     afterBuildTicks: axis => {
+                       const ticks = [];
+                       for (let v = 1 << 20; v <= axis.max * 1.001; v *= 4) ticks.push({ value: v });
+                       axis.ticks = ticks;
+                     },
+                     ticks: { maxRotation: 0, callback: v => fmtBytes(v) } } },
     },
   });
   state.charts.moves = lineChart('chart-moves', [
@@ -116,7 +129,8 @@ function makeCharts() {
     { label: 'p50', borderColor: '#4393c3' },
     { label: 'p90', borderColor: '#f4a582' },
     { label: 'p99', borderColor: '#b2182b' },
-  ], { title: { display: true, text: 'µs' } });
+  ], { type: 'logarithmic', min: 1, beginAtZero: false, title: { display: true, text: 'µs (log)' },
+       ticks: { callback: v => [1, 10, 100, 1000, 10000, 100000].includes(v) ? fmtInt(v) : '' } });
   state.charts.faults = lineChart('chart-faults', [
     { label: 'checksum failures', borderColor: '#b2182b', stepped: true },
     { label: 'I/O errors', borderColor: '#762a83', stepped: true },
@@ -212,11 +226,17 @@ function renderFigures(s) {
     `${g.block_tokens} tokens/block (${fmtBytes(g.block_bytes)}) · policy ${s.policy} · v${s.version}`;
 }
 
+/* The oldest snapshot at most kWindowMs older than s (null when there is none). */
+function windowBase(s) {
+  state.recent = state.recent.filter(x => s.now_ms - x.now_ms <= kWindowMs && x.now_ms < s.now_ms);
+  return state.recent.length ? state.recent[0] : null;
+}
+
 function renderCharts(prev, s) {
   const label = fmtClock(s.now_ms);
   const c = state.charts;
-  c.occupancy.data.datasets[0].data = kTiers.map(t => tier(s, t).bytes || 0);
-  c.occupancy.data.datasets[1].data = kTiers.map(t => tier(s, t).capacity_bytes || 0);
+  c.occupancy.data.datasets[0].data = kTiers.map(t => tier(s, t).bytes || null);
+  c.occupancy.data.datasets[1].data = kTiers.map(t => tier(s, t).capacity_bytes || null);
   c.faults.data.labels.push(label);
   c.faults.data.datasets[0].data.push(s.checksum_failures);
   c.faults.data.datasets[1].data.push(s.io_errors);
@@ -225,6 +245,7 @@ function renderCharts(prev, s) {
     c.faults.data.datasets.forEach(d => d.data.shift());
   }
   if (prev && s.now_ms > prev.now_ms) {
+    prev = windowBase(s) || prev;
     const dt = (s.now_ms - prev.now_ms) / 1000;
     const dBlocks = s.lookup_blocks - prev.lookup_blocks;
     const rate = (a, b) => dBlocks > 0 ? 100 * (a - b) / dBlocks : null;
@@ -236,6 +257,7 @@ function renderCharts(prev, s) {
       (s.promotion_bytes - prev.promotion_bytes) / dt, (s.demotion_bytes - prev.demotion_bytes) / dt]);
     pushPoint(c.latency, label, [0.5, 0.9, 0.99].map(q => intervalQuantile(prev, s, q)));
   }
+  state.recent.push(s);
   for (const k in c) {
     c[k].update('none');
     /* how many points each chart holds, for tests and for a glance in the inspector */
@@ -301,6 +323,7 @@ async function poll() {
   if (prev && isRestart(prev, s)) {
     pushGap(fmtClock(s.now_ms));
     prev = null;
+    state.recent = [];
     state.restartedAt = s.start_ms;
   }
   renderFigures(s);

@@ -41,13 +41,13 @@ typedef struct tkvt_daemon {
     char log[128];
 } tkvt_daemon;
 
-static const char *tkvt_build_dir(void)
+static inline const char *tkvt_build_dir(void)
 {
     const char *b = getenv("TKV_BUILD_DIR");
     return b && *b ? b : TKV_BUILD_DIR;
 }
 
-static int tkvt_rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+static inline int tkvt_rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
 {
     (void)sb;
     (void)flag;
@@ -55,16 +55,16 @@ static int tkvt_rm_one(const char *p, const struct stat *sb, int flag, struct FT
     return remove(p);
 }
 
-static void tkvt_rmtree(const char *dir) { nftw(dir, tkvt_rm_one, 16, FTW_DEPTH | FTW_PHYS); }
+static inline void tkvt_rmtree(const char *dir) { nftw(dir, tkvt_rm_one, 16, FTW_DEPTH | FTW_PHYS); }
 
-static double tkvt_now(void)
+static inline double tkvt_now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-static void tkvt_sleep_ms(int ms)
+static inline void tkvt_sleep_ms(int ms)
 {
     struct timespec d = {ms / 1000, (long)(ms % 1000) * 1000000L};
     while (nanosleep(&d, &d) != 0 && errno == EINTR)
@@ -72,7 +72,7 @@ static void tkvt_sleep_ms(int ms)
 }
 
 /* Options for a client of this daemon with the test geometry; attach when asked. */
-static kvc_opts *tkvt_opts(const tkvt_daemon *d, int attach)
+static inline kvc_opts *tkvt_opts(const tkvt_daemon *d, int attach)
 {
     kvc_opts *o = kvc_opts_new();
     kvc_opts_set_socket(o, d->sock);
@@ -84,7 +84,7 @@ static kvc_opts *tkvt_opts(const tkvt_daemon *d, int attach)
     return o;
 }
 
-static int tkvt_connect(const tkvt_daemon *d, int attach, kvc_client **c)
+static inline int tkvt_connect(const tkvt_daemon *d, int attach, kvc_client **c)
 {
     kvc_opts *o = tkvt_opts(d, attach);
     int rc = kvc_connect(o, c);
@@ -94,7 +94,7 @@ static int tkvt_connect(const tkvt_daemon *d, int attach, kvc_client **c)
 
 /* extra: NULL-terminated extra "--key value" arguments for tierkvd, or NULL.
  * Returns 0, or -1 with a message on stderr. */
-static int tkvt_daemon_start(tkvt_daemon *d, const char *const *extra)
+static inline int tkvt_daemon_start_(tkvt_daemon *d, const char *const *extra)
 {
     memset(d, 0, sizeof(*d));
     snprintf(d->dir, sizeof(d->dir), "/tmp/tkv-client-XXXXXX");
@@ -159,9 +159,13 @@ static int tkvt_daemon_start(tkvt_daemon *d, const char *const *extra)
         if (access(d->sock, F_OK) == 0 && access(d->attach, F_OK) == 0) {
             pid_t probe = fork();
             if (probe == 0) {
+                /* no geometry: serving is all this asks (extra flags may change it) */
+                kvc_opts *o = kvc_opts_new();
+                kvc_opts_set_socket(o, d->sock);
                 kvc_client *c = NULL;
-                int rc = tkvt_connect(d, 0, &c);
+                int rc = kvc_connect(o, &c);
                 kvc_close(c);
+                kvc_opts_free(o);
                 _exit(rc == KVC_OK ? 0 : 1);
             }
             int pst = 0;
@@ -171,16 +175,30 @@ static int tkvt_daemon_start(tkvt_daemon *d, const char *const *extra)
         }
         tkvt_sleep_ms(50);
     }
-    fprintf(stderr, "harness: tierkvd did not serve within 30 s (log %s)\n", d->log);
+    fprintf(stderr, "harness: tierkvd did not serve within 30 s; its log:\n");
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "tail -20 %s >&2", d->log);
+    if (system(cmd) != 0)
+        fprintf(stderr, "harness: cannot show the log\n");
     kill(d->pid, SIGKILL);
     waitpid(d->pid, NULL, 0);
     d->pid = 0;
     return -1;
 }
 
+static inline int tkvt_daemon_start(tkvt_daemon *d, const char *const *extra)
+{
+    int rc = tkvt_daemon_start_(d, extra);
+    if (rc != 0 && d->dir[0]) {
+        tkvt_rmtree(d->dir); /* a failed start leaves nothing behind */
+        d->dir[0] = '\0';
+    }
+    return rc;
+}
+
 /* SIGTERM, wait up to 30 s, remove the temp dir. Returns the daemon's exit status (0 is a
  * clean stop), or -1 when it had to be killed or died by a signal. */
-static int tkvt_daemon_stop(tkvt_daemon *d)
+static inline int tkvt_daemon_stop(tkvt_daemon *d)
 {
     int rc = -1;
     if (d->pid > 0) {
@@ -221,14 +239,14 @@ static inline uint64_t tkvt_mix(uint64_t x)
 }
 
 /* num tokens of a prompt named by seed (distinct seeds give distinct prompts). */
-static void tkvt_tokens(uint64_t seed, uint32_t *t, size_t num)
+static inline void tkvt_tokens(uint64_t seed, uint32_t *t, size_t num)
 {
     for (size_t i = 0; i < num; i++)
         t[i] = (uint32_t)(tkvt_mix(seed * 1000003u + i) & 0x7fffffff);
 }
 
 /* Payload of block `index` of the prompt named by seed. */
-static void tkvt_payload(uint64_t seed, uint32_t index, uint8_t *p, size_t n)
+static inline void tkvt_payload(uint64_t seed, uint32_t index, uint8_t *p, size_t n)
 {
     uint64_t s = tkvt_mix(seed ^ ((uint64_t)index << 40)) | 1;
     for (size_t i = 0; i < n; i++) {

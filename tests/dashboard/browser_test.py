@@ -381,7 +381,7 @@ def main():
     ap = argparse.ArgumentParser()
     for a in ("tierkvd", "replay", "chromium", "promtool", "trace", "out"):
         ap.add_argument("--" + a, required=True)
-    ap.add_argument("--requests", type=int, default=60)
+    ap.add_argument("--requests", type=int, default=40)
     ap.add_argument("--rate", type=float, default=15)
     ap.add_argument("--live-s", type=float, default=4)
     args = ap.parse_args()

@@ -387,6 +387,31 @@ START_TEST(prefixes_ranked)
 }
 END_TEST
 
+/* A chain whose first block was evicted from every tier: its other blocks stay listed, with
+ * their known depth but fewer cached blocks, rooted at the first block still cached. */
+START_TEST(prefixes_after_eviction)
+{
+    ck_assert_int_eq(tkv_store_flush(g_store), TKV_OK);
+    size_t evicted = 0, pinned = 0;
+    ck_assert_int_eq(tkv_store_evict(g_store, TKV_TIER_L2, &g_a[0], 1, &evicted, &pinned), TKV_OK);
+    ck_assert_int_eq(tkv_store_evict(g_store, TKV_TIER_L3, &g_a[0], 1, &evicted, &pinned), TKV_OK);
+    reply r = http_get("/api/prefixes?top=10");
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_uint_eq(json_u64(r.body, "num_blocks"), 6);
+    const char *a1 = prefix_entry(r.body, &g_a[1]), *a3 = prefix_entry(r.body, &g_a[3]);
+    ck_assert_msg(a1 && a3, "%s", r.body);
+    ck_assert_uint_eq(json_u64(a1, "depth"), 2);
+    ck_assert_uint_eq(json_u64(a1, "blocks"), 1);
+    ck_assert_uint_eq(json_u64(a3, "depth"), 4);
+    ck_assert_uint_eq(json_u64(a3, "blocks"), 3);
+    char root[kIdHexChars + 1], want[64];
+    hex_id(&g_a[1], root);
+    snprintf(want, sizeof(want), "\"root\":\"%s\"", root);
+    ck_assert_ptr_nonnull(strstr(a3, want));
+    reply_free(&r);
+}
+END_TEST
+
 START_TEST(refuses_bad_requests)
 {
     static const char *const bad_top[] = {"/api/prefixes?top=0", "/api/prefixes?top=1001",
@@ -551,6 +576,7 @@ static Suite *http_suite(void)
     tcase_add_test(tc, stats_match_store);
     tcase_add_test(tc, metrics_promtool_clean);
     tcase_add_test(tc, prefixes_ranked);
+    tcase_add_test(tc, prefixes_after_eviction);
     tcase_add_test(tc, refuses_bad_requests);
     tcase_add_test(tc, serves_dashboard);
     tcase_add_test(tc, connection_limit);

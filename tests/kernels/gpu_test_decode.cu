@@ -687,6 +687,10 @@ int main(void)
         Case c = {128, 32, TKVK_DTYPE_FP8_E4M3, TKVK_SCALE_PER_TOKEN_HEAD, TKVK_DTYPE_BF16, 1, 16,
                   8, {5, 1000, 31, 33, 8}};
         run_case(c, s, false);
+        c.q_dtype = TKVK_DTYPE_FP8_E4M3; /* the same through the e4m3 Q.K products */
+        c.scale_mode = TKVK_SCALE_PER_TENSOR;
+        c.page_tokens = 128;
+        run_case(c, s, false);
     }
     run_graph(s);
     run_merge(s);

@@ -25,21 +25,28 @@
 
 static const uint64_t kChunk = 1ull << 30;
 
-/* Two patterns per thread: the fast path encodes pairs. */
+/* Four patterns per thread: through the x4 fast path and the x2 one (two calls). */
 __global__ void encode_chunk(uint32_t base, uint8_t *exact, unsigned long long *fast_mismatch,
                              uint32_t *first_bad)
 {
-    uint64_t i = 2 * ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x);
+    uint64_t i = 4 * ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x);
     if (i >= kChunk)
         return;
-    float lo = __uint_as_float(base + (uint32_t)i), hi = __uint_as_float(base + (uint32_t)i + 1);
-    uint8_t el = tkvk_fp8_from_float_exact(lo), eh = tkvk_fp8_from_float_exact(hi);
-    uint16_t f = tkvk_fp8x2_from_float2(lo, hi);
-    exact[i] = el;
-    exact[i + 1] = eh;
-    if ((f & 0xff) != el || (f >> 8) != eh) {
-        atomicAdd(fast_mismatch, 1ull);
-        atomicMin(first_bad, (f & 0xff) != el ? base + (uint32_t)i : base + (uint32_t)i + 1);
+    float x[4];
+    uint8_t e[4];
+    for (int k = 0; k < 4; k++) {
+        x[k] = __uint_as_float(base + (uint32_t)i + k);
+        e[k] = tkvk_fp8_from_float_exact(x[k]);
+        exact[i + k] = e[k];
+    }
+    uint32_t f4 = tkvk_fp8x4_from_float4(x[0], x[1], x[2], x[3]);
+    uint32_t f2 = (uint32_t)tkvk_fp8x2_from_float2(x[0], x[1]) |
+                  ((uint32_t)tkvk_fp8x2_from_float2(x[2], x[3]) << 16);
+    for (int k = 0; k < 4; k++) {
+        if (((f4 >> (8 * k)) & 0xff) != e[k] || ((f2 >> (8 * k)) & 0xff) != e[k]) {
+            atomicAdd(fast_mismatch, 1ull);
+            atomicMin(first_bad, base + (uint32_t)i + k);
+        }
     }
 }
 
@@ -119,7 +126,7 @@ int main(void)
     uint32_t cpu_first = 0;
     for (uint64_t c = 0; c < 4; c++) {
         uint32_t base = (uint32_t)(c * kChunk);
-        encode_chunk<<<(unsigned)(kChunk / 2 / 256), 256>>>(base, d_codes, d_fast_bad, d_first);
+        encode_chunk<<<(unsigned)(kChunk / 4 / 256), 256>>>(base, d_codes, d_fast_bad, d_first);
         CHECK(cudaGetLastError());
         CHECK(cudaMemcpy(h_codes, d_codes, kChunk, cudaMemcpyDeviceToHost));
         enum { kThreads = 16 };
@@ -152,7 +159,7 @@ int main(void)
                fast_bad, fast_first);
         failures++;
     } else {
-        printf("PASS fp8 encode: cvt fast path == exact on all 2^32 floats\n");
+        printf("PASS fp8 encode: cvt fast paths (x2, x4) == exact on all 2^32 floats\n");
     }
     CHECK(cudaFree(d_codes));
     CHECK(cudaFreeHost(h_codes));

@@ -619,8 +619,10 @@ int main(void)
     tcase_add_test(tc, per_tensor_and_bf16_pools);
     tcase_add_test(tc, slots_and_tail_zero_fill);
     tcase_add_test(tc, unsupported_shapes_are_refused);
-    tcase_add_test(tc, sweep_against_double_reference);
     suite_add_tcase(s, tc);
+    TCase *sweep = tcase_create("sweep");
+    tcase_add_test(sweep, sweep_against_double_reference);
+    suite_add_tcase(s, sweep);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);

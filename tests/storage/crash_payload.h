@@ -10,7 +10,18 @@
 
 enum { CRASH_MSG_DURABLE = 'P', CRASH_MSG_DELETING = 'D' };
 
-static inline size_t crash_len(uint64_t id) { return 1000 + (size_t)(tu_mix(id) % 20000); }
+/* Rounds cycle through the ways in: the whole store (tkv_store_put + flush, blocks of one
+ * fixed size as the store requires), then L3 directly with pread/pwrite, then L3 directly
+ * with io_uring (varied sizes, deletes and compactions). */
+enum { CRASH_VIA_STORE = 0, CRASH_VIA_L3_PSYNC = 1, CRASH_VIA_L3_URING = 2 };
+static inline int crash_round_via(uint64_t round) { return (int)(round % 3); }
+
+static inline size_t crash_len(uint64_t id)
+{
+    if (crash_round_via(id / CRASH_IDS_PER_ROUND) == CRASH_VIA_STORE)
+        return CRASH_MAX_BLOCK;
+    return 1000 + (size_t)(tu_mix(id) % 20000);
+}
 
 /* First 8 bytes: the id; then random bytes, or compressible ones for every third id. */
 static inline void crash_fill(void *dst, uint64_t id)

@@ -1,11 +1,13 @@
 /* test_crash.c - kill -9 at random moments never loses a block reported durable, never makes
  * an incomplete block visible, and a block damaged on disk is detected and never returned.
  *
- * 50 rounds: a child process (storage_crash_child, see crash.cmake) writes, deletes and
- * compacts blocks in one L3 store and reports every block it knows durable on a pipe; the
- * parent kills it with SIGKILL after a random delay, reopens the store (recovery runs), and
- * checks every block. Rounds alternate between the pread/pwrite and the io_uring paths (the
- * latter where the kernel grants io_uring). TKV_CRASH_SEED=<n> replays one run.
+ * 50 rounds: a child process (storage_crash_child, see crash.cmake) writes blocks into one
+ * store directory and reports every block it knows durable on a pipe; the parent kills it
+ * with SIGKILL after a random delay, reopens the L3 store there (recovery runs), and checks
+ * every block. Rounds cycle through three ways in (crash_payload.h): the whole store
+ * (tkv_store_put + tkv_store_flush), and tkv_l3 directly over pread/pwrite and over io_uring
+ * (where the kernel grants it) with deletes and compactions mixed in.
+ * TKV_CRASH_SEED=<n> replays one run.
  */
 #include <check.h>
 #include <errno.h>
@@ -219,7 +221,8 @@ START_TEST(test_kill9)
     size_t max_indexed = 0, num_killed = 0;
 
     for (int round = 0; round < ROUNDS; round++) {
-        int use_uring = have_uring && (round & 1);
+        int via = crash_round_via((uint64_t)round);
+        int use_uring = have_uring && via != CRASH_VIA_L3_PSYNC;
         int p[2];
         ck_assert_int_eq(pipe(p), 0);
         char round_s[16];
@@ -231,7 +234,8 @@ START_TEST(test_kill9)
             if (dup2(p[1], 3) < 0)
                 _exit(126);
             execl(TKV_CRASH_CHILD, TKV_CRASH_CHILD, dir, round_s,
-                  use_uring ? "uring" : "psync", (char *)NULL);
+                  via == CRASH_VIA_STORE ? "store" : use_uring ? "uring" : "psync",
+                  (char *)NULL);
             _exit(127);
         }
         close(p[1]);
@@ -263,8 +267,16 @@ START_TEST(test_kill9)
         flip_one(l3, max_id);
         tkv_l3_close(l3);
     }
-    fprintf(stderr, "test_crash: %d rounds, %zu killed, %llu blocks reported durable, up to "
-            "%zu indexed\n", ROUNDS, num_killed, (unsigned long long)g_num_durable, max_indexed);
+    uint64_t by_via[3] = {0};
+    for (uint64_t id = 0; id < (uint64_t)ROUNDS * CRASH_IDS_PER_ROUND; id++)
+        if (g_state[id] != ST_NONE)
+            by_via[crash_round_via(id / CRASH_IDS_PER_ROUND)]++;
+    fprintf(stderr, "test_crash: %d rounds, %zu killed, %llu blocks reported durable (store "
+            "%llu, l3 psync %llu, l3 %s %llu), up to %zu indexed\n", ROUNDS, num_killed,
+            (unsigned long long)g_num_durable, (unsigned long long)by_via[0],
+            (unsigned long long)by_via[1], have_uring ? "io_uring" : "psync",
+            (unsigned long long)by_via[2], max_indexed);
+    ck_assert_uint_gt(by_via[CRASH_VIA_STORE], 0);
     ck_assert_uint_ge(num_killed, ROUNDS / 2);
     ck_assert_uint_ge(g_num_durable, ROUNDS / 2); /* kills land in writes, not only opens */
     free(g_state);

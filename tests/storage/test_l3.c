@@ -151,6 +151,43 @@ START_TEST(test_round_trip)
 }
 END_TEST
 
+START_TEST(test_capacity)
+{
+    uint8_t fp[TKV_KEY_BYTES];
+    tu_fingerprint(fp, 1);
+    tkv_l3_opts *o = tkv_l3_opts_new();
+    tkv_l3_opts_set_fingerprint(o, fp);
+    tkv_l3_opts_set_max_block_bytes(o, BLK);
+    tkv_l3_opts_set_io_mode(o, g_io_mode);
+    tkv_l3_opts_set_zstd_level(o, 0);
+    tkv_l3_opts_set_capacity_bytes(o, 4 * BLK);
+    tkv_l3 *l3 = NULL;
+    ck_assert_int_eq(tkv_l3_open(g_dir, o, &l3), TKV_OK);
+    tkv_l3_opts_free(o);
+    put_range(l3, 0, 4, BLK, 0);
+    /* full: refused with EFULL (the caller evicts), not a failure of the store */
+    uint8_t *b = calloc(1, BLK);
+    tkv_l3_put_req r = {.payload = b, .len = BLK};
+    tu_key(&r.key, 1, 4);
+    ck_assert_int_eq(tkv_l3_put_batch(l3, &r, 1), TKV_EFULL);
+    tkv_l3_stats st;
+    tkv_l3_get_stats(l3, &st);
+    ck_assert_int_eq(st.readonly, 0);
+    /* deleting and compacting makes room again */
+    tkv_key k[3];
+    for (int i = 0; i < 3; i++)
+        tu_key(&k[i], 1, (uint64_t)i);
+    ck_assert_int_eq(tkv_l3_delete(l3, k, 3), TKV_OK);
+    ck_assert_int_eq(tkv_l3_put_batch(l3, &r, 1), TKV_EFULL); /* dead bytes still on disk */
+    uint64_t reclaimed = 0;
+    ck_assert_int_eq(tkv_l3_compact(l3, &reclaimed), TKV_OK);
+    ck_assert_int_eq(tkv_l3_put_batch(l3, &r, 1), TKV_OK);
+    ck_assert_int_eq(check_block(l3, 3, BLK, 0), TKV_OK);
+    free(b);
+    tkv_l3_close(l3);
+}
+END_TEST
+
 START_TEST(test_bad_input)
 {
     tkv_l3 *l3 = open_ok(1, 0);
@@ -571,6 +608,7 @@ static Suite *l3_suite(void)
     tcase_add_test(tc, test_checksum_function);
     tcase_add_test(tc, test_round_trip);
     tcase_add_test(tc, test_bad_input);
+    tcase_add_test(tc, test_capacity);
     tcase_add_test(tc, test_raw_vs_zstd);
     tcase_add_test(tc, test_checksum_corruption);
     tcase_add_test(tc, test_reopen);
