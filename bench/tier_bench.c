@@ -56,7 +56,7 @@ static float median(float *v, int n)
 }
 
 /* Host memory the way L2 has it: a shared memfd mapping, pinned in chunks. */
-static void *host_pool(size_t bytes)
+static void *host_pool(size_t bytes, size_t unit)
 {
     int fd = memfd_create("tier_bench", MFD_CLOEXEC);
     if (fd < 0 || ftruncate(fd, (off_t)bytes) != 0) {
@@ -69,13 +69,13 @@ static void *host_pool(size_t bytes)
         perror("mmap");
         exit(1);
     }
-    KK(tkvk_host_register(p, bytes));
+    KK(tkvk_host_register(p, bytes, unit));
     return p;
 }
 
-static void free_host_pool(void *p, size_t bytes)
+static void free_host_pool(void *p, size_t bytes, size_t unit)
 {
-    tkvk_host_unregister(p, bytes);
+    tkvk_host_unregister(p, bytes, unit);
     munmap(p, bytes);
 }
 
@@ -136,7 +136,7 @@ static move_result bench_moves(cudaStream_t st, size_t bb)
 {
     move_result r = {{0}, {0}, 1};
     size_t slots = 2 * kNumBlocks, bytes = slots * bb;
-    char *host = host_pool(bytes), *dev;
+    char *host = host_pool(bytes, bb), *dev;
     CK(cudaMalloc((void **)&dev, bytes));
     fill_random(host, bytes, 42 + bb);
     uint64_t *hoff, *doff; /* pinned, so the gather kernel can read them */
@@ -167,7 +167,7 @@ static move_result bench_moves(cudaStream_t st, size_t bb)
     CK(cudaFreeHost(hoff));
     CK(cudaFreeHost(doff));
     CK(cudaFree(dev));
-    free_host_pool(host, bytes);
+    free_host_pool(host, bytes, bb);
     return r;
 }
 
@@ -191,7 +191,7 @@ static double restore_from_l3(cudaStream_t st, const char *dir, char *dev, const
         return -1;
     }
     size_t staging_bytes = 2 * kBatch * kBigBlock;
-    char *staging = host_pool(staging_bytes);
+    char *staging = host_pool(staging_bytes, kBigBlock);
     tkv_key keys[kPrefixBlocks];
     uint32_t tokens[64] = {0};
     tkv_l3_put_req put[kBatch];
@@ -208,7 +208,7 @@ static double restore_from_l3(cudaStream_t st, const char *dir, char *dev, const
         if (tkv_l3_put_batch(l3, put, kBatch) != TKV_OK) {
             fprintf(stderr, "tier_bench: l3 put failed\n");
             tkv_l3_close(l3);
-            free_host_pool(staging, staging_bytes);
+            free_host_pool(staging, staging_bytes, kBigBlock);
             return -1;
         }
     }
@@ -243,7 +243,7 @@ static double restore_from_l3(cudaStream_t st, const char *dir, char *dev, const
         CK(cudaEventDestroy(done[1]));
     }
     tkv_l3_close(l3);
-    free_host_pool(staging, staging_bytes);
+    free_host_pool(staging, staging_bytes, kBigBlock);
     return median(t, 3);
 }
 
@@ -271,7 +271,10 @@ int main(int argc, char **argv)
 
     /* ---- PCIe ceiling: one large copy each way ---- */
     size_t big = (size_t)4 << 30;
-    char *host = host_pool(big), *dev;
+    /* The ceiling: one allocation pinned as a whole (a registered pool is pinned in chunks,
+     * and one copy may not span two of them). */
+    char *host, *dev;
+    CK(cudaHostAlloc((void **)&host, big, cudaHostAllocDefault));
     CK(cudaMalloc((void **)&dev, big));
     fill_random(host, big, 3);
     float up[kReps], down[kReps];
@@ -293,7 +296,7 @@ int main(int argc, char **argv)
     double h2d = (double)big / 1e9 / (median(up, kReps) / 1e3);
     double d2h = (double)big / 1e9 / (median(down, kReps) / 1e3);
     CK(cudaFree(dev));
-    free_host_pool(host, big);
+    CK(cudaFreeHost(host));
 
     /* ---- scattered moves ---- */
     move_result m4 = bench_moves(st, kBigBlock);
@@ -308,11 +311,11 @@ int main(int argc, char **argv)
     hoff = tkv_xmalloc(kPrefixBlocks * sizeof(uint64_t));
     scatter_offsets(doff, kPrefixBlocks, 2 * kPrefixBlocks, kBigBlock, 5);
     size_t l2_bytes = 2 * kPrefixBlocks * kBigBlock;
-    char *l2 = host_pool(l2_bytes);
+    char *l2 = host_pool(l2_bytes, kBigBlock);
     fill_random(l2, l2_bytes, 9);
     scatter_offsets(hoff, kPrefixBlocks, 2 * kPrefixBlocks, kBigBlock, 13);
     float l2ms = time_copy(st, l1, l2, doff, hoff, kPrefixBlocks, kBigBlock, TKVK_COPY_DMA);
-    free_host_pool(l2, l2_bytes);
+    free_host_pool(l2, l2_bytes, kBigBlock);
     char tmpl[] = "/tmp/tier_bench.XXXXXX";
     const char *dir = l3dir;
     if (!dir)
@@ -347,18 +350,20 @@ int main(int argc, char **argv)
                m64.promote_gbps[1], m64.promote_gbps[2], m64.demote_gbps[1],
                m64.demote_gbps[2], m4.bit_exact && m64.bit_exact ? "true" : "false", l2ms,
                l3ms);
-    } else {
-        printf("PCIe ceiling (one 4 GiB cudaMemcpy): H2D %.1f GB/s, D2H %.1f GB/s\n", h2d, d2h);
-        printf("%-28s %10s %10s %10s %10s\n", "1000 scattered blocks", "up DMA", "up kernel",
+    }
+    {
+        FILE *t = json ? stderr : stdout; /* with --json the table still goes to the log */
+        fprintf(t, "PCIe ceiling (one 4 GiB cudaMemcpy): H2D %.1f GB/s, D2H %.1f GB/s\n", h2d, d2h);
+        fprintf(t, "%-28s %10s %10s %10s %10s\n", "1000 scattered blocks", "up DMA", "up kernel",
                "down DMA", "down kernel");
-        printf("%-28s %10.1f %10.1f %10.1f %10.1f  GB/s\n", "4 MiB blocks", m4.promote_gbps[1],
+        fprintf(t, "%-28s %10.1f %10.1f %10.1f %10.1f  GB/s\n", "4 MiB blocks", m4.promote_gbps[1],
                m4.promote_gbps[2], m4.demote_gbps[1], m4.demote_gbps[2]);
-        printf("%-28s %10.1f %10.1f %10.1f %10.1f  GB/s\n", "64 KiB blocks",
+        fprintf(t, "%-28s %10.1f %10.1f %10.1f %10.1f  GB/s\n", "64 KiB blocks",
                m64.promote_gbps[1], m64.promote_gbps[2], m64.demote_gbps[1],
                m64.demote_gbps[2]);
-        printf("best 4 MiB: promote %.2fx, demote %.2fx of the PCIe copy rate; round trip %s\n",
+        fprintf(t, "best 4 MiB: promote %.2fx, demote %.2fx of the PCIe copy rate; round trip %s\n",
                promote / h2d, demote / d2h, m4.bit_exact && m64.bit_exact ? "bit-exact" : "CORRUPT");
-        printf("32K-token prefix (512 x 4 MiB) into L1: from L2 %.1f ms, from L3 %.1f ms\n", l2ms,
+        fprintf(t, "32K-token prefix (512 x 4 MiB) into L1: from L2 %.1f ms, from L3 %.1f ms\n", l2ms,
                l3ms);
     }
     CK(cudaStreamDestroy(st));

@@ -2,6 +2,12 @@
 # and prints prefix hit rates per policy and capacity (docs/perf-policy.md).
 add_executable(trace_replay ${CMAKE_CURRENT_SOURCE_DIR}/trace_replay.c)
 target_link_libraries(trace_replay PRIVATE tkv_storage)
+# --daemon SOCKET: through a running tierkvd, with the shared libkvclient (only kvc_* symbols
+# are exported, so it cannot clash with the storage library linked in for the in-process mode).
+if(TARGET kvclient)
+  target_link_libraries(trace_replay PRIVATE kvclient)
+  target_compile_definitions(trace_replay PRIVATE TKV_HAVE_KVCLIENT)
+endif()
 
 # Smoke runs (not timed): the replay works end to end on the first requests of the shipped
 # trace through the real store, and bad input is reported, skipped, or refused.

@@ -25,13 +25,20 @@
  *   oracle   always simulated (it needs the future): Belady, evicting the cached block whose
  *            next use is farthest away (never = farthest; ties: deepest first, so a chain is
  *            evicted from its tail, the prefix rule the store applies).
+ *   --daemon SOCKET  through a running tierkvd with libkvclient (lookup, put of the missing
+ *            blocks by value, release): the daemon's own policy and L2 capacity are measured
+ *            (reported as its policy name and its capacity in trace blocks; --capacity and
+ *            --policy do not apply). Start the daemon with a small geometry (e.g. 1 layer,
+ *            1 KV head, head dim 64) and L3 off so the replay is about the policy, not copies.
  * --speedup X sleeps the trace's inter-arrival gaps divided by X (default: no sleeping).
- * The replay through a running daemon is client/tierkv-replay (libkvclient).
  */
 #include "tkv_base.h"
 #include "tkv_keys.h"
 #include "tkv_policy.h"
 #include "tkv_store.h"
+#ifdef TKV_HAVE_KVCLIENT
+#include "kvclient.h"
+#endif
 
 #include <errno.h>
 #include <inttypes.h>
@@ -477,7 +484,10 @@ static void pace(const trace *t, size_t ir, double speedup)
  *
  * It keeps the structural fields the way the store's tier manager does: parent/depth set at
  * insertion, num_children counted, hit blocks pinned while the request inserts its missing
- * blocks (the lease a real lookup takes), changed() on every structural or pin change.
+ * blocks (the lease a real lookup takes), changed() on every structural or pin change; and it
+ * calls the policy in the order of the store's put: admit() for every missing block (one
+ * now_ns per request, the parent shown only for the first), then victims until all of them
+ * fit, then inserted() in chain order.
  * ========================================================================================== */
 
 typedef struct sim_node {
@@ -515,43 +525,55 @@ static int run_sim(const trace *t, const tkv_policy_ops *ops, uint64_t capacity,
         account(res, r, hit);
         res->hit_blocks_tier[TKV_TIER_L2] += hit;
 
+        /* The store's put: every missing block is admitted or not, then room is made for
+         * all of them at once (the victims are chosen before any of them exists in the
+         * policy), then they enter in chain order. */
+        uint32_t want = 0;
         for (uint32_t j = hit; j < r->num_blocks; j++) {
+            sim_node *n = &nodes[nd[j]];
+            if (n->present)
+                continue; /* cached beyond the first miss: a duplicate, dropped */
+            /* the store's probe shows the parent only where it is cached already: for the
+             * first missing block (the request's last hit block, or none) */
+            int64_t ip = t->node_parent[nd[j]];
+            n->pe = (tkv_policy_entry){.depth = t->node_depth[nd[j]]};
+            if (ip >= 0 && nodes[ip].present)
+                n->pe.parent = &nodes[ip].pe;
+            if (!ops->admit(st, &n->pe, now))
+                break;
+            want++;
+        }
+        while (used + want > capacity) {
+            tkv_policy_entry *v = ops->victim(st);
+            /* NULL: all pinned. An interior victim would orphan cached children, which
+             * this manager does not track; the request inserts fewer blocks instead. */
+            if (!v || v->num_children) {
+                want = (uint32_t)(capacity - used);
+                break;
+            }
+            TKV_ASSERT(!v->pinned);
+            sim_node *vn = (sim_node *)v;
+            ops->removed(st, v);
+            vn->present = 0;
+            used--;
+            res->evictions++;
+            if (v->parent && --v->parent->num_children == 0)
+                ops->changed(st, v->parent);
+        }
+        for (uint32_t j = hit; j < r->num_blocks && want > 0; j++) {
             sim_node *n = &nodes[nd[j]];
             int64_t ip = t->node_parent[nd[j]];
             sim_node *p = ip >= 0 ? &nodes[ip] : NULL;
             if (n->present)
-                continue; /* cached beyond the first miss: a duplicate, dropped */
+                continue;
             if (p && !p->present)
-                break; /* its prefix is gone: it could never be hit */
-            n->pe = (tkv_policy_entry){.parent = p ? &p->pe : NULL, .depth = t->node_depth[nd[j]]};
-            if (!ops->admit(st, &n->pe, now))
-                break;
-            bool room = true;
-            while (used >= capacity) {
-                tkv_policy_entry *v = ops->victim(st);
-                /* NULL: all pinned. An interior victim would orphan cached children, which
-                 * this manager does not track; the request stops inserting instead. */
-                if (!v || v->num_children) {
-                    room = false;
-                    break;
-                }
-                TKV_ASSERT(!v->pinned);
-                sim_node *vn = (sim_node *)v;
-                ops->removed(st, v);
-                vn->present = 0;
-                used--;
-                res->evictions++;
-                if (v->parent && --v->parent->num_children == 0)
-                    ops->changed(st, v->parent);
-                if (p && !p->present)
-                    break;
-            }
-            if (!room || (p && !p->present))
-                break;
+                break; /* its prefix is gone (a duplicate above it was evicted) */
+            n->pe.parent = p ? &p->pe : NULL;
             /* the store's order: the parent learns of its child first, then the policy
              * learns of the child */
             n->present = 1;
             used++;
+            want--;
             if (p && p->pe.num_children++ == 0)
                 ops->changed(st, &p->pe);
             ops->inserted(st, &n->pe, now);
@@ -823,6 +845,86 @@ fail:
     return rc;
 }
 
+#ifdef TKV_HAVE_KVCLIENT
+/* ============================================================================================
+ * Through a running daemon (libkvclient)
+ * ========================================================================================== */
+
+static int run_daemon(const trace *t, const char *socket_path, double speedup, result *res,
+                      char *policy_out, size_t policy_cap)
+{
+    int rc = TKV_EIO;
+    kvc_client *c = NULL;
+    uint32_t *tokens = NULL;
+    uint8_t *payloads = NULL;
+    kvc_opts *o = kvc_opts_new();
+    if (kvc_opts_set_socket(o, socket_path) != KVC_OK || kvc_connect(o, &c) != KVC_OK) {
+        fprintf(stderr, "trace_replay: daemon at %s: %s\n", socket_path, kvc_last_error());
+        goto fail;
+    }
+    uint32_t block_tokens = kvc_block_tokens(c);
+    size_t block_bytes = kvc_block_bytes(c);
+    if (block_tokens == 0 || kTraceBlockTokens % block_tokens != 0) {
+        fprintf(stderr, "trace_replay: daemon block_tokens %u does not divide 512\n", block_tokens);
+        goto fail;
+    }
+    const uint32_t per = kTraceBlockTokens / block_tokens;
+    kvc_stats stats;
+    if (kvc_stats_get(c, &stats) != KVC_OK) {
+        fprintf(stderr, "trace_replay: daemon stats: %s\n", kvc_last_error());
+        goto fail;
+    }
+    snprintf(policy_out, policy_cap, "%s", stats.policy[0] ? stats.policy : "daemon");
+    res->capacity_blocks = stats.tiers[KVC_TIER_L2].capacity_blocks / per;
+    uint32_t max_blocks = 0;
+    for (size_t ir = 0; ir < t->num_reqs; ir++)
+        if (t->reqs[ir].num_blocks > max_blocks)
+            max_blocks = t->reqs[ir].num_blocks;
+    tokens = tkv_xmalloc((size_t)max_blocks * kTraceBlockTokens * sizeof(*tokens));
+    payloads = tkv_xcalloc((size_t)max_blocks * per, block_bytes);
+    uint64_t evictions_before = stats.evictions;
+
+    double t0 = now_s();
+    for (size_t ir = 0; ir < t->num_reqs; ir++) {
+        pace(t, ir, speedup);
+        const trace_req *r = &t->reqs[ir];
+        size_t num_tokens = (size_t)r->num_blocks * kTraceBlockTokens;
+        for (uint32_t j = 0; j < r->num_blocks; j++)
+            id_tokens(t->node_id[t->nodes[r->first + j]], tokens + (size_t)j * kTraceBlockTokens);
+        kvc_lease *l = NULL;
+        if (kvc_lookup(c, tokens, num_tokens, 0, &l) != KVC_OK) {
+            fprintf(stderr, "trace_replay: lookup: %s\n", kvc_last_error());
+            goto fail;
+        }
+        uint32_t hit = kvc_lease_num_blocks(l), total = r->num_blocks * per;
+        uint32_t hit_trace = hit / per;
+        account(res, r, hit_trace);
+        for (uint32_t j = 0; j < hit_trace; j++) {
+            int tier = kvc_lease_tier(l, j * per + per - 1);
+            res->hit_blocks_tier[tier >= 0 && tier < TKV_NUM_TIERS ? tier : 0]++;
+        }
+        int prc = KVC_OK;
+        if (hit < total)
+            prc = kvc_put(c, tokens, num_tokens, hit, payloads, total - hit, NULL);
+        kvc_release(c, l);
+        if (prc != KVC_OK && prc != KVC_EFULL) {
+            fprintf(stderr, "trace_replay: put: %s\n", kvc_last_error());
+            goto fail;
+        }
+    }
+    res->seconds = now_s() - t0;
+    if (kvc_stats_get(c, &stats) == KVC_OK)
+        res->evictions = stats.evictions - evictions_before;
+    rc = TKV_OK;
+fail:
+    kvc_close(c);
+    kvc_opts_free(o);
+    free(tokens);
+    free(payloads);
+    return rc;
+}
+#endif
+
 /* ============================================================================================
  * Command line
  * ========================================================================================== */
@@ -849,6 +951,7 @@ static void usage(FILE *f)
             "usage: trace_replay --trace FILE --capacity N[,N...] [--policy P[,P...]] [--json]\n"
             "                    [--block-tokens 16|32|64|128] [--fast] [--speedup X]\n"
             "                    [--requests M]\n"
+            "       trace_replay --trace FILE --daemon SOCKET [--json] [--speedup X]\n"
             "  --capacity   cache sizes in 512-token trace blocks\n"
             "  --policy     any of: oracle");
     for (const tkv_policy_ops *const *p = tkv_policy_all(); *p; p++)
@@ -857,7 +960,15 @@ static void usage(FILE *f)
                "  --fast       drive the policies directly (one entry per trace block) instead\n"
                "               of through the storage engine\n"
                "  --speedup X  sleep the trace's inter-arrival gaps divided by X\n"
-               "  --requests M replay only the first M requests\n");
+               "  --requests M replay only the first M requests\n"
+               "  --daemon S   replay through the tierkvd listening on UNIX socket S (its own\n"
+               "               policy and capacity)%s\n",
+#ifdef TKV_HAVE_KVCLIENT
+               ""
+#else
+               " [not built: libkvclient was not part of this build]"
+#endif
+    );
 }
 
 static int parse_u64_arg(const char *s, uint64_t *out)
@@ -873,8 +984,8 @@ static int parse_u64_arg(const char *s, uint64_t *out)
 
 int main(int argc, char **argv)
 {
-    const char *trace_path = NULL, *policies = "lru,tierkv,oracle";
-    char *caps_arg = NULL;
+    const char *trace_path = NULL, *policies = "lru,tierkv,oracle", *daemon_socket = NULL;
+    const char *caps_arg = NULL;
     bool json = false, fast = false;
     uint64_t block_tokens = 128, max_reqs = 0;
     double speedup = 0;
@@ -900,8 +1011,10 @@ int main(int argc, char **argv)
             return 2;
         } else if (strcmp(a, "--trace") == 0) {
             trace_path = v, i++;
+        } else if (strcmp(a, "--daemon") == 0) {
+            daemon_socket = v, i++;
         } else if (strcmp(a, "--capacity") == 0) {
-            caps_arg = (char *)v, i++;
+            caps_arg = v, i++;
         } else if (strcmp(a, "--policy") == 0) {
             policies = v, i++;
         } else if (strcmp(a, "--block-tokens") == 0) {
@@ -932,10 +1045,24 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (!trace_path || !caps_arg) {
-        fprintf(stderr, "trace_replay: --trace and --capacity are required\n");
+    if (!trace_path || (!caps_arg && !daemon_socket)) {
+        fprintf(stderr, "trace_replay: --trace and --capacity (or --daemon) are required\n");
         usage(stderr);
         return 2;
+    }
+    if (daemon_socket) {
+#ifdef TKV_HAVE_KVCLIENT
+        if (caps_arg || fast) {
+            fprintf(stderr, "trace_replay: --daemon measures the daemon's own policy and "
+                            "capacity; --capacity and --fast do not apply\n");
+            return 2;
+        }
+        caps_arg = "1"; /* placeholder: the daemon reports its capacity */
+        policies = "lru";
+#else
+        fprintf(stderr, "trace_replay: --daemon: this build has no libkvclient\n");
+        return 2;
+#endif
     }
 
     /* Validate every capacity and policy before the (long) replay starts. */
@@ -976,6 +1103,18 @@ int main(int argc, char **argv)
         goto fail;
 
     results = tkv_xcalloc(num_caps * num_pols, sizeof(*results));
+#ifdef TKV_HAVE_KVCLIENT
+    char daemon_policy[40];
+    if (daemon_socket) {
+        result *res = &results[num_results++];
+        res->mode = "daemon";
+        if (run_daemon(&t, daemon_socket, speedup, res, daemon_policy,
+                       sizeof(daemon_policy)) != TKV_OK)
+            goto fail;
+        res->policy = daemon_policy;
+        num_caps = 0; /* nothing else to run */
+    }
+#endif
     for (size_t ic = 0; ic < num_caps; ic++) {
         for (size_t ip = 0; ip < num_pols; ip++) {
             result *res = &results[num_results++];

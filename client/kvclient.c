@@ -32,6 +32,12 @@
 #include "tkv_attach.h"
 #include "tkv_base.h"
 #include "tkv_keys.h"
+#include "tkv_kernels.h"
+#include "kvc_internal.h"
+
+#ifdef TKVK_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 /* Largest payload we put in one request. The daemon's receive limit is its own choice; 3 MiB
  * stays under gRPC's default 4 MiB with room for the tokens and framing. */
@@ -82,6 +88,18 @@ __attribute__((format(printf, 2, 3))) static int fail(int code, const char *fmt,
     return code;
 }
 
+int tkv_kvc_fail(int code, const char *fmt, ...)
+{
+    int n = snprintf(tls_err, sizeof(tls_err), "%s: ", kvc_strerror(code));
+    if (n < 0 || (size_t)n >= sizeof(tls_err))
+        return code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(tls_err + n, sizeof(tls_err) - (size_t)n, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
 const char *kvc_tier_name(int tier)
 {
     switch (tier) {
@@ -107,6 +125,7 @@ struct kvc_opts {
     uint32_t timeout_ms;
     uint32_t lease_ttl_ms;
     uint32_t max_blocks_per_call;
+    bool trusted;       /* ask for a writable L2 mapping */
 };
 
 kvc_opts *kvc_opts_new(void)
@@ -232,6 +251,16 @@ int kvc_opts_set_max_blocks_per_call(kvc_opts *o, uint32_t n)
     return KVC_OK;
 }
 
+int kvc_opts_set_trusted(kvc_opts *o, int trusted)
+{
+    if (!o)
+        return fail(KVC_EINVAL, "options are NULL");
+    if (trusted != 0 && trusted != 1)
+        return fail(KVC_EINVAL, "trusted must be 0 or 1, not %d", trusted);
+    o->trusted = trusted == 1;
+    return KVC_OK;
+}
+
 int kvc_opts_set_lease_ttl_ms(kvc_opts *o, uint32_t ttl_ms)
 {
     if (!o)
@@ -259,6 +288,16 @@ struct kvc_client {
     uint64_t client_id;
     const uint8_t *pool;         /* PROT_READ mapping of the L2 pool, or NULL */
     uint64_t pool_bytes;
+    bool trusted;                /* asked for a writable mapping */
+    bool pool_writable;          /* pool is mapped PROT_READ|PROT_WRITE */
+    /* the daemon's geometry, for the kernels' layout (engine.c) */
+    uint32_t num_layers, num_kv_heads, head_dim;
+    int kv_dtype, scale_mode;    /* TKVK_DTYPE_*, TKVK_SCALE_* */
+    /* L1 (GPU) pool, from the attach extension: one chunk mapped by CUDA IPC */
+    bool daemon_has_l1;          /* the reply announced an L1 pool */
+    uint64_t l1_bytes;
+    void *l1_base;               /* device pointer, or NULL when not mapped here */
+    char l1_why[160];            /* why l1_base is NULL */
 };
 
 struct kvc_lease {
@@ -268,6 +307,8 @@ struct kvc_lease {
     uint8_t *tier;               /* num_blocks entries */
     uint8_t *in_l2;
     uint64_t *l2_offset;
+    uint8_t *in_l1;
+    uint64_t *l1_offset;
 };
 
 static gpr_timespec deadline_ms(uint32_t ms)
@@ -422,6 +463,65 @@ static void scope_init(kvc_client *c, Tierkv__V1__BlockScope *s)
  * connect / attach / close
  * ========================================================================================= */
 
+/* Receives the GPU-tier message that follows a reply with TKV_ATTACH_F_L1 and, when built
+ * with CUDA and the daemon's device is visible here, opens its pool by CUDA IPC. A client that
+ * cannot map L1 (no CUDA, other device, several chunks) still attaches: only the engine-side
+ * L1 calls then fail, with l1_why as the reason. */
+static int attach_gpu(kvc_client *c, int fd, const char *path)
+{
+    tkv_attach_gpu *g = tkv_xcalloc(1, sizeof(*g));
+    int rc = KVC_OK;
+    ssize_t n = recv(fd, g, sizeof(*g), 0);
+    if (n != (ssize_t)sizeof(*g) || g->magic != TKV_ATTACH_MAGIC || g->num_chunks < 1 ||
+        g->num_chunks > TKV_ATTACH_MAX_CHUNKS || g->chunk_bytes == 0 ||
+        g->l1_bytes != (uint64_t)g->num_chunks * g->chunk_bytes) {
+        rc = fail(KVC_EATTACH, "GPU pool message from %s is malformed (%zd bytes%s%s)", path, n,
+                  n < 0 ? ": " : "", n < 0 ? strerror(errno) : "");
+        goto out;
+    }
+    g->pci_bus_id[sizeof(g->pci_bus_id) - 1] = '\0';
+    c->daemon_has_l1 = true;
+    c->l1_bytes = g->l1_bytes;
+    if (g->num_chunks != 1) {
+        /* the kernels address one pool base; a pool of several chunks is not contiguous */
+        snprintf(c->l1_why, sizeof(c->l1_why), "the L1 pool has %u chunks; engines map only "
+                 "single-chunk pools", g->num_chunks);
+        goto out;
+    }
+#ifdef TKVK_HAVE_CUDA
+    {
+        int prev = -1, dev = -1;
+        cudaError_t e = cudaGetDevice(&prev);
+        if (e == cudaSuccess)
+            e = cudaDeviceGetByPCIBusId(&dev, g->pci_bus_id);
+        if (e != cudaSuccess) {
+            snprintf(c->l1_why, sizeof(c->l1_why), "device %s of the L1 pool is not usable "
+                     "here: %s", g->pci_bus_id, cudaGetErrorString(e));
+            cudaGetLastError(); /* do not leave the error sticky for the engine */
+            goto out;
+        }
+        cudaIpcMemHandle_t h;
+        memcpy(&h, g->handles[0], sizeof(h));
+        void *p = NULL;
+        if ((e = cudaSetDevice(dev)) == cudaSuccess)
+            e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+        cudaSetDevice(prev); /* the caller's current device is its own business */
+        if (e != cudaSuccess) {
+            snprintf(c->l1_why, sizeof(c->l1_why), "cudaIpcOpenMemHandle of the L1 pool "
+                     "(device %s): %s", g->pci_bus_id, cudaGetErrorString(e));
+            cudaGetLastError();
+            goto out;
+        }
+        c->l1_base = p;
+    }
+#else
+    snprintf(c->l1_why, sizeof(c->l1_why), "libkvclient was built without CUDA");
+#endif
+out:
+    free(g);
+    return rc;
+}
+
 static int attach(kvc_client *c, const char *path)
 {
     int rc = KVC_OK;
@@ -447,6 +547,7 @@ static int attach(kvc_client *c, const char *path)
     hello.version = TKV_ATTACH_VERSION;
     memcpy(hello.fingerprint, c->fingerprint, TKV_KEY_BYTES);
     hello.pid = (uint32_t)getpid();
+    hello.flags = c->trusted ? TKV_ATTACH_HELLO_WRITABLE : 0;
     if (send(fd, &hello, sizeof(hello), MSG_NOSIGNAL) != (ssize_t)sizeof(hello)) {
         rc = fail(KVC_EATTACH, "send hello to %s: %s", path, strerror(errno));
         goto fail;
@@ -500,8 +601,15 @@ static int attach(kvc_client *c, const char *path)
                   (unsigned long long)reply.l2_bytes);
         goto fail;
     }
+    if (c->trusted && !(reply.flags & TKV_ATTACH_F_WRITABLE)) {
+        rc = fail(KVC_EATTACH, "daemon did not grant the writable pool mapping asked for");
+        goto fail;
+    }
+    /* writable only when asked for and granted: a read-only descriptor cannot be mapped so */
+    c->pool_writable = c->trusted;
     if (reply.l2_bytes > 0) {
-        void *p = mmap(NULL, reply.l2_bytes, PROT_READ, MAP_SHARED, memfd, 0);
+        int prot = c->pool_writable ? PROT_READ | PROT_WRITE : PROT_READ;
+        void *p = mmap(NULL, reply.l2_bytes, prot, MAP_SHARED, memfd, 0);
         if (p == MAP_FAILED) {
             rc = fail(KVC_EATTACH, "mmap pool (%llu bytes): %s",
                       (unsigned long long)reply.l2_bytes, strerror(errno));
@@ -512,6 +620,11 @@ static int attach(kvc_client *c, const char *path)
     }
     close(memfd); /* the mapping keeps the pool alive */
     memfd = -1;
+    if (reply.flags & TKV_ATTACH_F_L1) {
+        rc = attach_gpu(c, fd, path);
+        if (rc != KVC_OK)
+            goto fail;
+    }
     /* the connection stays open and silent; no timeout on it from now on */
     struct timeval zero = {0, 0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &zero, sizeof(zero));
@@ -548,6 +661,7 @@ int kvc_connect(const kvc_opts *o, kvc_client **out)
     c->attach_fd = -1;
     c->timeout_ms = o->timeout_ms;
     c->lease_ttl_ms = o->lease_ttl_ms;
+    c->trusted = o->trusted;
     c->ns = tkv_xstrdup(o->ns);
     if (o->target) {
         c->target = tkv_xstrdup(o->target);
@@ -618,6 +732,14 @@ int kvc_connect(const kvc_opts *o, kvc_client **out)
     }
     c->block_bytes = (size_t)dg->block_bytes;
     c->block_tokens = dg->block_tokens;
+    c->num_layers = dg->num_layers;
+    c->num_kv_heads = dg->num_kv_heads;
+    c->head_dim = dg->head_dim;
+    c->kv_dtype = (dg->kv_dtype && strcmp(dg->kv_dtype, "bf16") == 0) ? TKVK_DTYPE_BF16
+                                                                       : TKVK_DTYPE_FP8_E4M3;
+    c->scale_mode = (dg->scale_mode && strcmp(dg->scale_mode, "per_token_head") == 0)
+                        ? TKVK_SCALE_PER_TOKEN_HEAD
+                        : TKVK_SCALE_PER_TENSOR;
     /* both bounds hold: the daemon's block count per message and the byte size */
     c->blocks_per_msg = (uint32_t)(KVC_MAX_MSG_PAYLOAD / c->block_bytes);
     if (c->blocks_per_msg > o->max_blocks_per_call)
@@ -647,6 +769,10 @@ void kvc_close(kvc_client *c)
         return;
     if (c->pool)
         munmap((void *)c->pool, c->pool_bytes);
+#ifdef TKVK_HAVE_CUDA
+    if (c->l1_base)
+        cudaIpcCloseMemHandle(c->l1_base);
+#endif
     if (c->attach_fd >= 0)
         close(c->attach_fd);
     if (c->channel)
@@ -697,6 +823,8 @@ static int lease_set_locs(kvc_lease *l, Tierkv__V1__BlockLoc **locs, size_t coun
         l->tier[i] = (uint8_t)b->tier;
         l->in_l2[i] = b->in_l2 ? 1 : 0;
         l->l2_offset[i] = b->l2_offset;
+        l->in_l1[i] = b->in_l1 ? 1 : 0;
+        l->l1_offset[i] = b->l1_offset;
     }
     return KVC_OK;
 }
@@ -739,6 +867,8 @@ int kvc_lookup(kvc_client *c, const uint32_t *tokens, size_t num_tokens, uint32_
     l->tier = tkv_xcalloc(l->num_blocks + 1, 1);
     l->in_l2 = tkv_xcalloc(l->num_blocks + 1, 1);
     l->l2_offset = tkv_xcalloc(l->num_blocks + 1, sizeof(uint64_t));
+    l->in_l1 = tkv_xcalloc(l->num_blocks + 1, 1);
+    l->l1_offset = tkv_xcalloc(l->num_blocks + 1, sizeof(uint64_t));
     lease_set_locs(l, resp->blocks, resp->n_blocks);
     protobuf_c_message_free_unpacked(&resp->base, NULL);
     *out = l;
@@ -761,6 +891,8 @@ static void lease_free(kvc_lease *l)
     free(l->tier);
     free(l->in_l2);
     free(l->l2_offset);
+    free(l->in_l1);
+    free(l->l1_offset);
     free(l);
 }
 
@@ -834,6 +966,43 @@ int kvc_prefetch(kvc_client *c, kvc_lease *l, int tier, uint64_t *ticket)
 int kvc_wait(kvc_client *c, kvc_lease *l, int tier, uint32_t timeout_ms)
 {
     return prefetch_call(c, l, tier, true, timeout_ms, NULL);
+}
+
+int kvc_cost_check(kvc_client *c, const kvc_lease *l, double prefill_ms, int tier,
+                   kvc_cost *out)
+{
+    if (!c || !l || !out)
+        return fail(KVC_EINVAL, "client, lease or out is NULL");
+    if (!(prefill_ms > 0))
+        return fail(KVC_EINVAL, "prefill estimate must be > 0 ms");
+    if (tier != KVC_TIER_L1 && tier != KVC_TIER_L2)
+        return fail(KVC_EINVAL, "cost check tier must be L1 or L2, not %s", kvc_tier_name(tier));
+    memset(out, 0, sizeof(*out));
+    if (l->id == 0) { /* nothing hit: there is nothing to restore, recompute */
+        out->use_cache = 0;
+        return KVC_OK;
+    }
+    Tierkv__V1__CostCheckRequest req = TIERKV__V1__COST_CHECK_REQUEST__INIT;
+    req.lease_id = l->id;
+    req.prefill_ms = prefill_ms;
+    req.tier = (Tierkv__V1__Tier)tier;
+    Tierkv__V1__CostCheckResponse *r = NULL;
+    int rc = UNARY(c, "CostCheck", &req, Tierkv__V1__CostCheckResponse,
+                   tierkv__v1__cost_check_response__descriptor, &r, c->timeout_ms);
+    if (rc != KVC_OK)
+        return rc;
+    out->restore_ms = r->restore_ms;
+    out->use_cache = r->use_cache ? 1 : 0;
+    out->blocks_in_tier = r->blocks_in_tier;
+    out->blocks_from_l2 = r->blocks_from_l2;
+    out->blocks_from_l3 = r->blocks_from_l3;
+    out->pcie_gbps = r->pcie_gbps;
+    out->l3_read_gbps = r->l3_read_gbps;
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+    if ((uint64_t)out->blocks_in_tier + out->blocks_from_l2 + out->blocks_from_l3 > l->num_blocks)
+        return fail(KVC_EPROTO, "CostCheck counts %u+%u+%u blocks for a lease of %u",
+                    out->blocks_in_tier, out->blocks_from_l2, out->blocks_from_l3, l->num_blocks);
+    return KVC_OK;
 }
 
 const void *kvc_lease_block_ptr(const kvc_client *c, const kvc_lease *l, uint32_t i)
@@ -984,8 +1153,16 @@ int kvc_put(kvc_client *c, const uint32_t *tokens, size_t num_tokens, uint32_t f
 
 int kvc_alloc(kvc_client *c, uint32_t num_blocks, uint64_t *alloc_id, uint64_t *offsets)
 {
+    return kvc_alloc_tier(c, KVC_TIER_L2, num_blocks, alloc_id, offsets);
+}
+
+int kvc_alloc_tier(kvc_client *c, int tier, uint32_t num_blocks, uint64_t *alloc_id,
+                   uint64_t *offsets)
+{
     if (!c || !alloc_id)
         return fail(KVC_EINVAL, "client or alloc_id is NULL");
+    if (tier != KVC_TIER_L1 && tier != KVC_TIER_L2)
+        return fail(KVC_EINVAL, "alloc tier must be L1 or L2, not %s", kvc_tier_name(tier));
     if (num_blocks == 0)
         return fail(KVC_EINVAL, "cannot allocate 0 blocks");
     Tierkv__V1__AllocRequest req = TIERKV__V1__ALLOC_REQUEST__INIT;
@@ -993,7 +1170,7 @@ int kvc_alloc(kvc_client *c, uint32_t num_blocks, uint64_t *alloc_id, uint64_t *
     scope_init(c, &scope);
     req.scope = &scope;
     req.num_blocks = num_blocks;
-    req.tier = TIERKV__V1__TIER__TIER_L2;
+    req.tier = (Tierkv__V1__Tier)tier;
     Tierkv__V1__AllocResponse *resp = NULL;
     int rc = UNARY(c, "Alloc", &req, Tierkv__V1__AllocResponse,
                    tierkv__v1__alloc_response__descriptor, &resp, c->timeout_ms);
@@ -1222,8 +1399,8 @@ int kvc_evict(kvc_client *c, int tier, const uint32_t *tokens, size_t num_tokens
     int rc = check_tokens(c, tokens, num_tokens);
     if (rc != KVC_OK)
         return rc;
-    if (tier != KVC_TIER_L2 && tier != KVC_TIER_L3)
-        return fail(KVC_EINVAL, "evict tier must be L2 or L3, not %s", kvc_tier_name(tier));
+    if (tier != KVC_TIER_L1 && tier != KVC_TIER_L2 && tier != KVC_TIER_L3)
+        return fail(KVC_EINVAL, "evict tier must be L1, L2 or L3, not %s", kvc_tier_name(tier));
     Tierkv__V1__EvictRequest req = TIERKV__V1__EVICT_REQUEST__INIT;
     Tierkv__V1__BlockScope scope;
     scope_init(c, &scope);
@@ -1352,4 +1529,104 @@ status:;
     grpc_completion_queue_shutdown(cq);
     grpc_completion_queue_destroy(cq);
     return rc;
+}
+
+/* =========================================================================================
+ * engine side: the pools as the kernels see them (the kernels themselves: engine.c)
+ * ========================================================================================= */
+
+/* storage/pool.c rounds every L2 slot up to a page, so an L2 offset / this stride is a slot */
+#define KVC_L2_SLOT_ALIGN 4096u
+
+static size_t l2_stride(const kvc_client *c)
+{
+    return (c->block_bytes + KVC_L2_SLOT_ALIGN - 1) & ~(size_t)(KVC_L2_SLOT_ALIGN - 1);
+}
+
+int kvc_has_l1(const kvc_client *c) { return c && c->l1_base ? 1 : 0; }
+
+int kvc_pool_writable(const kvc_client *c, int tier)
+{
+    if (!c)
+        return 0;
+    if (tier == KVC_TIER_L1)
+        return c->l1_base ? 1 : 0; /* device memory mapped by CUDA IPC is always writable */
+    if (tier == KVC_TIER_L2)
+        return c->pool && c->pool_writable ? 1 : 0;
+    return 0;
+}
+
+int kvc_pool_layout(const kvc_client *c, int tier, tkvk_layout *out)
+{
+    if (!c || !out)
+        return fail(KVC_EINVAL, "client or layout is NULL");
+    if (tier != KVC_TIER_L1 && tier != KVC_TIER_L2)
+        return fail(KVC_EINVAL, "pool tier must be L1 or L2, not %s", kvc_tier_name(tier));
+    int rc = tkvk_layout_init(out, (int)c->num_layers, (int)c->num_kv_heads, (int)c->head_dim,
+                              (int)c->block_tokens, c->kv_dtype, c->scale_mode);
+    if (rc != TKVK_OK)
+        return fail(KVC_EUNSUPPORTED, "the daemon's geometry has no kernel layout: %s",
+                    tkvk_last_error());
+    /* the daemon sizes blocks from the same geometry; a difference would misplace every page */
+    if (out->block_stride != c->block_bytes)
+        return fail(KVC_EPROTO, "kernel layout block of %zu bytes differs from the daemon's %zu",
+                    out->block_stride, c->block_bytes);
+    out->block_stride = tier == KVC_TIER_L2 ? l2_stride(c) : c->block_bytes;
+    return KVC_OK;
+}
+
+void *kvc_pool_base(const kvc_client *c, int tier)
+{
+    if (!c) {
+        fail(KVC_EINVAL, "client is NULL");
+        return NULL;
+    }
+    if (tier == KVC_TIER_L2) {
+        if (!c->pool)
+            fail(KVC_EATTACH, "the L2 pool is not mapped (client not attached)");
+        return (void *)c->pool;
+    }
+    if (tier == KVC_TIER_L1) {
+        if (!c->l1_base)
+            fail(KVC_EUNAVAILABLE, "the L1 pool is not mapped: %s",
+                 c->daemon_has_l1 ? c->l1_why
+                 : c->pool        ? "the daemon has no GPU tier"
+                                  : "client not attached");
+        return c->l1_base;
+    }
+    fail(KVC_EINVAL, "pool tier must be L1 or L2, not %s", kvc_tier_name(tier));
+    return NULL;
+}
+
+int64_t kvc_pool_num_blocks(const kvc_client *c, int tier)
+{
+    if (!c)
+        return 0;
+    if (tier == KVC_TIER_L2 && c->pool)
+        return (int64_t)(c->pool_bytes / l2_stride(c));
+    if (tier == KVC_TIER_L1 && c->l1_base)
+        return (int64_t)(c->l1_bytes / c->block_bytes);
+    return 0;
+}
+
+int64_t kvc_offset_block_id(const kvc_client *c, int tier, uint64_t offset)
+{
+    if (!c || (tier != KVC_TIER_L1 && tier != KVC_TIER_L2))
+        return -1;
+    uint64_t stride = tier == KVC_TIER_L2 ? l2_stride(c) : c->block_bytes;
+    /* a daemon offset that is not a slot of the mapped pool is refused, never dereferenced */
+    if (offset % stride != 0 || (int64_t)(offset / stride) >= kvc_pool_num_blocks(c, tier))
+        return -1;
+    return (int64_t)(offset / stride);
+}
+
+int64_t kvc_lease_block_id(const kvc_client *c, const kvc_lease *l, uint32_t i, int tier)
+{
+    if (!c || !l || i >= l->num_blocks)
+        return -1;
+    if (tier == KVC_TIER_L2 && l->in_l2[i])
+        return kvc_offset_block_id(c, tier, l->l2_offset[i]);
+    if (tier == KVC_TIER_L1 && l->in_l1[i])
+        return kvc_offset_block_id(c, tier, l->l1_offset[i]);
+    return -1;
 }

@@ -40,6 +40,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tkv_kernels.h" /* the engine-side section takes the kernels' parameter structs */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -119,6 +121,12 @@ int kvc_opts_set_timeout_ms(kvc_opts *o, uint32_t timeout_ms);
 /* Most blocks one Put or Get message carries (default 64, tierkvd's default
  * max_blocks_per_rpc; set it to at most the daemon's value). Larger requests are split. */
 int kvc_opts_set_max_blocks_per_call(kvc_opts *o, uint32_t n);
+/* Trusted engine (0/1, default 0): attach asks for a writable mapping of the L2 pool
+ * (TKV_ATTACH_HELLO_WRITABLE), so kvc_store can write KV into allocated L2 slots with the CPU
+ * kernels. The daemon grants it only to a process of its own user (or root) when its
+ * attach_writable is on; otherwise kvc_connect fails with KVC_EATTACH (no silent read-only
+ * fallback: an engine that needs to write must know at connect). Needs an attach socket. */
+int kvc_opts_set_trusted(kvc_opts *o, int trusted);
 /* Lease time-to-live asked for by kvc_lookup when its ttl_ms argument is 0 (0 = daemon default). */
 int kvc_opts_set_lease_ttl_ms(kvc_opts *o, uint32_t ttl_ms);
 
@@ -181,6 +189,20 @@ int kvc_get(kvc_client *c, const kvc_lease *l, uint32_t first, uint32_t count, v
  * the block is not in L2. The pointer is read-only and stays valid while the lease is held. */
 const void *kvc_lease_block_ptr(const kvc_client *c, const kvc_lease *l, uint32_t i);
 
+/* Is restoring the lease's blocks into tier (KVC_TIER_L1, or KVC_TIER_L2) faster than
+ * recomputing them? The daemon estimates restore_ms from where the blocks are and the copy
+ * rates it measured; prefill_ms (> 0) is the engine's own estimate for recomputing the
+ * lease's tokens. KVC_EUNSUPPORTED from a daemon that does not offer the estimate. */
+typedef struct kvc_cost {
+    double restore_ms;       /* estimated time until every block is in the tier */
+    int use_cache;           /* 1 when restore_ms < prefill_ms */
+    uint32_t blocks_in_tier, blocks_from_l2, blocks_from_l3;
+    double pcie_gbps, l3_read_gbps; /* the rates the estimate used */
+} kvc_cost;
+
+int kvc_cost_check(kvc_client *c, const kvc_lease *l, double prefill_ms, int tier,
+                   kvc_cost *out);
+
 /* Ends the lease on the daemon (when it has an id) and frees l. NULL is ignored. The lease
  * is freed even when the daemon call fails (its daemon side then ends by TTL). */
 int kvc_release(kvc_client *c, kvc_lease *l);
@@ -212,6 +234,73 @@ int kvc_commit(kvc_client *c, uint64_t alloc_id, const uint32_t *tokens, size_t 
                uint32_t first_block, uint32_t num_blocks, kvc_put_result *res);
 /* Abandons an allocation; its slots are never visible. */
 int kvc_abort(kvc_client *c, uint64_t alloc_id);
+
+/* ---- engine side: kernels over the daemon's pools -----------------------------------------
+ * An attached engine runs the kernels (kernels/tkv_kernels.h) directly on the daemon's pools:
+ * L2 is the mapped host pool (CPU kernels), L1 the GPU pool mapped by CUDA IPC (CUDA kernels
+ * on the engine's stream). There is no daemon round trip per layer: the daemon is asked only
+ * for slots (kvc_alloc_tier), to publish them (kvc_commit) and to pin/move hits (lookup,
+ * prefetch, wait). Block ids are slot numbers in a tier's pool: byte offset / pool stride
+ * (L2: the page-rounded slot stride; L1: kvc_block_bytes()).
+ *
+ * Device memory: L1 is one cudaMalloc chunk of the daemon, opened at connect (on the device
+ * whose PCI bus id the daemon announced; the caller's current device is left as it was).
+ * Kernels on it must run on a stream of that device. The mapping lives until kvc_close; a
+ * block's bytes are meaningful only while a lease or an allocation holds it.
+ *
+ * Thread safety: as the kernels (no shared state); one plan per stream at a time. */
+
+/* 1 when the daemon's L1 pool is mapped in this process (CUDA build, device visible, single
+ * chunk pool), else 0. */
+int kvc_has_l1(const kvc_client *c);
+/* 1 when this process may write the tier's pool (L1 mapped, or L2 mapped writable). */
+int kvc_pool_writable(const kvc_client *c, int tier);
+/* The kernels' layout of the client's geometry with block_stride = that tier's pool stride.
+ * KVC_EINVAL for a tier other than L1/L2; KVC_EUNSUPPORTED when the geometry is outside the
+ * kernels' shapes. Works without attaching (it is arithmetic). */
+int kvc_pool_layout(const kvc_client *c, int tier, tkvk_layout *out);
+/* Block 0 of the tier's pool: L2 the host mapping (read-only unless trusted), L1 a device
+ * pointer. NULL with kvc_last_error() set when that pool is not mapped here. */
+void *kvc_pool_base(const kvc_client *c, int tier);
+/* Blocks in the mapped pool of tier (the bound of every block id); 0 when not mapped. */
+int64_t kvc_pool_num_blocks(const kvc_client *c, int tier);
+/* Block id of a pool byte offset (as kvc_alloc_tier returns); -1 when it is not a slot of
+ * the mapped pool (misaligned or past its end). */
+int64_t kvc_offset_block_id(const kvc_client *c, int tier, uint64_t offset);
+/* Block id of hit block i of the lease in tier's pool, or -1 when the block is not there (as
+ * of the lookup or the last kvc_wait: refresh with kvc_wait after a prefetch). */
+int64_t kvc_lease_block_id(const kvc_client *c, const kvc_lease *l, uint32_t i, int tier);
+
+/* kvc_alloc in tier (KVC_TIER_L2 or KVC_TIER_L1): offsets get byte offsets in that tier's
+ * pool (turn them into block ids with kvc_offset_block_id). Committing L1 slots also copies
+ * them down to L2 on the daemon. KVC_EUNAVAILABLE when the daemon has no such tier. */
+int kvc_alloc_tier(kvc_client *c, int tier, uint32_t num_blocks, uint64_t *alloc_id,
+                   uint64_t *offsets);
+
+/* One layer of the fused prologue into the tier's pool: sets p->pool and p->num_blocks,
+ * points p->layout at the tier's layout for the call (the caller's p->layout is ignored and
+ * restored on return), then runs tkvk_prologue_cuda on stream
+ * (L1: every pointer in p device memory) or tkvk_prologue_cpu (L2: host memory, stream
+ * unused; needs the writable mapping of a trusted client, KVC_EINVAL otherwise). The
+ * slot_mapping holds pool block ids * page_tokens + offset, for slots the caller allocated
+ * and has not committed yet. Kernel failures map to KVC_EINVAL / KVC_EUNSUPPORTED /
+ * KVC_EINTERNAL (CUDA) / KVC_EUNAVAILABLE (no GPU), with the kernel's reason. */
+int kvc_store(kvc_client *c, int tier, tkvk_prologue_params *p, void *stream);
+
+/* Decode attention over blocks of the tier's pool: fills a->pool, a->layout and
+ * a->num_blocks (a->layout restored on return, as kvc_store), then L1:
+ * tkvk_decode_plan_cuda(plan, a->kv_lens, a->num_requests) + tkvk_decode_attend_cuda on stream (plan from tkvk_decode_plan_create, sized by the
+ * caller; all pointers of a device memory); L2: tkvk_decode_cpu (plan and stream unused).
+ * The block table holds pool block ids (kvc_lease_block_id), which must stay leased until the
+ * work is done. O and LSE (base 2) merge with kvc_merge. */
+int kvc_attend(kvc_client *c, int tier, tkvk_decode_args *a, tkvk_decode_plan *plan,
+               void *stream);
+
+/* Merges two (O, LSE) sets of num_rows rows (tkvk_merge_states_*): on stream with device
+ * pointers for L1, on the CPU for L2. out/out_lse may alias an input. */
+int kvc_merge(kvc_client *c, int tier, const uint16_t *o_a, const float *lse_a,
+              const uint16_t *o_b, const float *lse_b, int num_rows, int head_dim,
+              uint16_t *out, float *out_lse, void *stream);
 
 /* ---- operations (the CLI's needs) -------------------------------------------------------- */
 typedef struct kvc_tier_stats {

@@ -39,9 +39,17 @@ struct tkvd_attach {
     conn *conns;
     size_t num_conns, cap_conns;
     uint64_t next_id;
+    bool allow_writable;  /* trusted peers (same uid or root) may map L2 writable */
     bool have_gpu;
     tkv_attach_gpu gpu;   /* sent after the reply when have_gpu */
 };
+
+void tkvd_attach_allow_writable(tkvd_attach *a, bool on)
+{
+    pthread_mutex_lock(&a->mu);
+    a->allow_writable = on;
+    pthread_mutex_unlock(&a->mu);
+}
 
 void tkvd_attach_offer_gpu(tkvd_attach *a, const tkv_attach_gpu *gpu)
 {
@@ -80,7 +88,8 @@ static int send_reply(tkvd_attach *a, int fd, const tkv_attach_reply *rep, bool 
         cm->cmsg_level = SOL_SOCKET;
         cm->cmsg_type = SCM_RIGHTS;
         cm->cmsg_len = CMSG_LEN(sizeof(int));
-        int memfd = tkv_store_l2_fd(a->store);
+        int memfd = (rep->flags & TKV_ATTACH_F_WRITABLE) ? tkv_store_l2_fd(a->store)
+                                                         : tkv_store_l2_fd_readonly(a->store);
         memcpy(CMSG_DATA(cm), &memfd, sizeof(int));
     }
     ssize_t n = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -126,9 +135,24 @@ static bool on_hello(tkvd_attach *a, size_t i)
                h.version, TKV_ATTACH_VERSION);
         return false;
     }
-    if (h.flags != 0) {
-        reject(a, c->fd, TKV_EINVAL, "reserved flags 0x%x must be 0", h.flags);
+    if (h.flags & ~TKV_ATTACH_HELLO_WRITABLE) {
+        reject(a, c->fd, TKV_EINVAL, "unknown hello flags 0x%x", h.flags & ~TKV_ATTACH_HELLO_WRITABLE);
         return false;
+    }
+    bool writable = false;
+    if (h.flags & TKV_ATTACH_HELLO_WRITABLE) {
+        struct ucred cred;
+        socklen_t cl = sizeof(cred);
+        pthread_mutex_lock(&a->mu);
+        bool allowed = a->allow_writable;
+        pthread_mutex_unlock(&a->mu);
+        if (!allowed || getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 ||
+            (cred.uid != 0 && cred.uid != getuid())) {
+            reject(a, c->fd, TKV_EINVAL, "a writable pool mapping is only for trusted engines "
+                   "(the daemon's own user, with attach_writable on)");
+            return false;
+        }
+        writable = true;
     }
     if (memcmp(h.fingerprint, a->fp, sizeof(a->fp)) != 0) {
         reject(a, c->fd, TKV_EGEOMETRY, "geometry mismatch: the client's fingerprint differs "
@@ -139,8 +163,11 @@ static bool on_hello(tkvd_attach *a, size_t i)
     memset(&rep, 0, sizeof(rep));
     rep.magic = TKV_ATTACH_MAGIC;
     rep.status = TKV_OK;
+    /* The id is live before the client can learn it: a Lookup sent right after the reply
+     * must find its owner registered. */
     pthread_mutex_lock(&a->mu);
     rep.client_id = a->next_id++;
+    c->client_id = rep.client_id;
     pthread_mutex_unlock(&a->mu);
     rep.l2_bytes = tkv_store_l2_bytes(a->store);
     rep.block_bytes = tkv_store_block_bytes(a->store);
@@ -148,16 +175,16 @@ static bool on_hello(tkvd_attach *a, size_t i)
     pthread_mutex_lock(&a->mu);
     bool gpu = a->have_gpu;
     pthread_mutex_unlock(&a->mu);
-    rep.flags = gpu ? TKV_ATTACH_F_L1 : 0;
+    rep.flags = (gpu ? TKV_ATTACH_F_L1 : 0) | (writable ? TKV_ATTACH_F_WRITABLE : 0);
     if (send_reply(a, c->fd, &rep, true) != 0 ||
         (gpu && send(c->fd, &a->gpu, sizeof(a->gpu), MSG_NOSIGNAL | MSG_DONTWAIT) !=
                     (ssize_t)sizeof(a->gpu))) {
         TKV_LOG(TKV_LOG_INFO, "attach: could not answer pid %u: %s", h.pid, strerror(errno));
+        pthread_mutex_lock(&a->mu);
+        c->client_id = 0; /* never counted as connected: close_conn must not uncount it */
+        pthread_mutex_unlock(&a->mu);
         return false;
     }
-    pthread_mutex_lock(&a->mu);
-    c->client_id = rep.client_id;
-    pthread_mutex_unlock(&a->mu);
     atomic_fetch_add_explicit(&a->metrics->clients_connected, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&a->metrics->clients_total, 1, memory_order_relaxed);
     TKV_LOG(TKV_LOG_INFO, "attach: client %llu (pid %u) attached", (unsigned long long)rep.client_id,

@@ -58,6 +58,8 @@ static const key_def kKeys[] = {
      "host-memory pool in blocks; 0 = from l2_bytes (default 0)"},
     {"l1_bytes", K_SIZE, OFF(l1_bytes), 0, UINT64_C(1) << 44, NULL,
      "GPU pool (L1) size in HBM, 0 = off; used only where a GPU is present (default 1G)"},
+    {"l3_read_mbps", K_U32, OFF(l3_read_mbps), 1, 1000000, NULL,
+     "local-store read rate the cost check assumes, MB/s (default 2000)"},
     {"gpu_device", K_INT, OFF(gpu_device), 0, 63, NULL, "CUDA device of the L1 pool (default 0)"},
     {"l3", K_BOOL, OFF(l3_enabled), 0, 1, NULL, "local store on/off (default on)"},
     {"l3_dir", K_STR, OFF(l3_dir), 0, PATH_MAX - 1, NULL, "local store folder (default <data_dir>/l3)"},
@@ -90,6 +92,8 @@ static const key_def kKeys[] = {
     {"tls_key", K_STR, OFF(tls_key), 0, PATH_MAX - 1, NULL, "PEM private key for grpc_tcp"},
     {"attach_socket", K_STR, OFF(attach_socket), 0, 107, NULL,
      "shared-memory attach socket (default <run_dir>/attach.sock)"},
+    {"attach_writable", K_BOOL, OFF(attach_writable), 0, 1, NULL,
+     "let engines of the daemon's own user (or root) map the L2 pool writable (default on)"},
     {"http", K_BOOL, OFF(http_enabled), 0, 1, NULL, "serve /metrics and the dashboard (default on)"},
     {"http_address", K_STR, OFF(http_address), 1, 255, NULL, "HTTP bind address (default 127.0.0.1)"},
     {"http_port", K_U32, OFF(http_port), 0, 65535, NULL, "HTTP port, 0 = pick one (default 9464)"},
@@ -235,6 +239,8 @@ void tkvd_config_init(tkvd_config *c)
     snprintf(c->geometry.model_id, sizeof(c->geometry.model_id), "tierkv-demo");
     c->l2_bytes = UINT64_C(256) << 20;
     c->l1_bytes = UINT64_C(1) << 30;
+    c->l3_read_mbps = 2000;
+    c->attach_writable = true;
     c->l3_enabled = true;
     c->l3_dir = tkv_xstrdup("");
     c->zstd_level = 1;

@@ -34,6 +34,7 @@ struct tkvd_gpu {
     char pci_bus_id[32];
     char *l2_base;
     uint64_t l2_bytes;
+    size_t l2_stride;   /* registration chunks hold whole slots */
     bool l2_pinned;
     double h2d_gbps;
 
@@ -151,17 +152,18 @@ fail:
     return rc;
 }
 
-int tkvd_gpu_pin_l2(tkvd_gpu *g, void *l2_base, uint64_t l2_bytes)
+int tkvd_gpu_pin_l2(tkvd_gpu *g, void *l2_base, uint64_t l2_bytes, size_t slot_stride)
 {
     if (!g || !l2_base || l2_bytes == 0 || g->l2_pinned)
         return TKV_EINVAL;
     cudaSetDevice(g->device);
-    if (tkvk_host_register(l2_base, l2_bytes) != TKVK_OK) {
+    if (tkvk_host_register(l2_base, l2_bytes, slot_stride) != TKVK_OK) {
         TKV_LOG(TKV_LOG_WARN, "gpu: pinning L2: %s", tkvk_last_error());
         return TKV_EUNSUPPORTED;
     }
     g->l2_base = l2_base;
     g->l2_bytes = l2_bytes;
+    g->l2_stride = slot_stride;
     g->l2_pinned = true;
     g->h2d_gbps = probe_h2d(g);
     TKV_LOG(TKV_LOG_INFO, "gpu: L2 pinned (%llu MiB); host-to-device %.1f GB/s",
@@ -174,7 +176,7 @@ void tkvd_gpu_close(tkvd_gpu *g)
     if (!g)
         return;
     if (g->l2_pinned)
-        tkvk_host_unregister(g->l2_base, g->l2_bytes);
+        tkvk_host_unregister(g->l2_base, g->l2_bytes, g->l2_stride);
     for (int i = 0; i < kNumStreams; i++)
         if (g->streams[i])
             cudaStreamDestroy(g->streams[i]);
@@ -303,7 +305,10 @@ int tkvd_gpu_open(int ordinal, uint64_t num_blocks, size_t block_bytes, tkvd_gpu
     return TKV_EUNSUPPORTED;
 }
 
-int tkvd_gpu_pin_l2(tkvd_gpu *g, void *l2_base, uint64_t l2_bytes) { return TKV_EUNSUPPORTED; }
+int tkvd_gpu_pin_l2(tkvd_gpu *g, void *l2_base, uint64_t l2_bytes, size_t slot_stride)
+{
+    return TKV_EUNSUPPORTED;
+}
 void tkvd_gpu_close(tkvd_gpu *g) { free(g); }
 uint64_t tkvd_gpu_l1_blocks(const tkvd_gpu *g) { return 0; }
 double tkvd_gpu_h2d_gbps(const tkvd_gpu *g) { return 0; }

@@ -28,6 +28,7 @@
 #include "tkv_policy.h"
 #include "tkv_store.h"
 #include "tkvd_attach.h"
+#include "tkvd_gpu.h"
 #include "tkvd_config.h"
 #include "tkvd_http.h"
 #include "tkvd_metrics.h"
@@ -299,6 +300,7 @@ int main(int argc, char **argv)
     tkv_store_opts *so = NULL;
     tkv_store *store = NULL;
     tkvd_attach *attach = NULL;
+    tkvd_gpu *gpu = NULL;
     tkvd_server *server = NULL;
     tkvd_http *http = NULL;
     char http_file[PATH_MAX];
@@ -399,7 +401,22 @@ int main(int argc, char **argv)
             tkvd_scale_mode_name(cfg.geometry.scale_mode), cfg.block_bytes,
             tkvd_config_l2_blocks(&cfg), cfg.l3_enabled ? cfg.l3_dir : "off");
 
+    /* The GPU tier: where a GPU exists and l1_bytes > 0. Without one the daemon serves L2 + L3
+     * (the embedded default on a machine with no GPU). */
+    if (cfg.l1_bytes / cfg.block_bytes > 0) {
+        rc = tkvd_gpu_open(cfg.gpu_device, cfg.l1_bytes / cfg.block_bytes, cfg.block_bytes, &gpu);
+        if (rc != TKV_OK && rc != TKV_EUNSUPPORTED) {
+            TKV_LOG(TKV_LOG_ERROR, "gpu: cannot set up the L1 pool (%s); lower l1_bytes or set "
+                    "it to 0", tkv_strerror(rc));
+            goto out;
+        }
+    }
+
     so = tkv_store_opts_new();
+    if (gpu && tkv_store_opts_set_l1(so, tkvd_gpu_l1_blocks(gpu), &tkvd_gpu_l1_ops, gpu) != TKV_OK) {
+        TKV_LOG(TKV_LOG_ERROR, "the store refused the L1 tier");
+        goto out;
+    }
     if (tkv_store_opts_set_block(so, cfg.block_bytes, cfg.geometry.block_tokens) != TKV_OK ||
         tkv_store_opts_set_fingerprint(so, cfg.fingerprint) != TKV_OK ||
         tkv_store_opts_set_l2_blocks(so, tkvd_config_l2_blocks(&cfg)) != TKV_OK ||
@@ -426,14 +443,27 @@ int main(int argc, char **argv)
         goto out;
     }
 
+    if (gpu && tkvd_gpu_pin_l2(gpu, tkv_store_l2_ptr(store, 0), tkv_store_l2_bytes(store),
+                               tkv_store_l2_slot_stride(store)) != TKV_OK) {
+        TKV_LOG(TKV_LOG_ERROR, "gpu: cannot pin the L2 pool for DMA");
+        goto out;
+    }
     if (tkvd_attach_start(cfg.attach_socket, store, cfg.fingerprint, &metrics, &attach) != TKV_OK)
         goto out;
+    tkvd_attach_allow_writable(attach, cfg.attach_writable);
+    if (gpu) {
+        tkv_attach_gpu info;
+        tkvd_gpu_attach_info(gpu, &info);
+        tkvd_attach_offer_gpu(attach, &info);
+    }
 
     svc.store = store;
     svc.cfg = &cfg;
     svc.metrics = &metrics;
     svc.attach = attach;
     svc.version = TKVD_VERSION;
+    svc.rates.pcie_gbps = tkvd_gpu_h2d_gbps(gpu);
+    svc.rates.l3_read_gbps = cfg.l3_read_mbps / 1000.0;
     atomic_init(&svc.stopping, false);
     atomic_init(&svc.abort_waits, false);
 
@@ -506,6 +536,7 @@ out:
         TKV_LOG(TKV_LOG_INFO, "store closed (write-backs finished) in %" PRIu64 " ms",
                 (tkv_now_ns() - t0) / 1000000u);
     }
+    tkvd_gpu_close(gpu); /* after the store: its workers may still be copying */
     tkv_store_opts_free(so);
     if (pid_fd >= 0) /* the lock proves the socket is ours (or a dead daemon's) */
         unlink(cfg.grpc_socket);

@@ -175,6 +175,8 @@ static void fill_locs(const tkv_block_loc *locs, size_t n, Tierkv__V1__BlockLoc 
         store[i].in_l2 = locs[i].in_l2;
         store[i].in_l3 = locs[i].in_l3;
         store[i].l2_offset = locs[i].in_l2 ? locs[i].l2_offset : 0;
+        store[i].in_l1 = locs[i].in_l1;
+        store[i].l1_offset = locs[i].in_l1 ? locs[i].l1_offset : 0;
         ptrs[i] = &store[i];
     }
 }
@@ -519,7 +521,8 @@ static void h_alloc(void *ctx, const tkvd_call_info *ci, const uint8_t *req, siz
     }
     offsets = tkv_xcalloc(rq->num_blocks, sizeof(*offsets));
     uint64_t id = 0;
-    int rc = tkv_store_alloc(svc->store, rq->num_blocks, rq->scope->client_id, &id, offsets);
+    int rc = tkv_store_alloc_tier(svc->store, target_tier(svc, rq->tier, "alloc", out),
+                                  rq->num_blocks, rq->scope->client_id, &id, offsets);
     if (rc != TKV_OK) {
         fail_store(out, rc, "alloc");
         goto done;
@@ -716,6 +719,8 @@ typedef struct list_ctx {
 static int list_cb(void *arg, const tkv_block_info *b)
 {
     list_ctx *lc = arg;
+    if (lc->tier == TKV_TIER_L1 && !b->in_l1)
+        return 0;
     if (lc->tier == TKV_TIER_L2 && !b->in_l2)
         return 0;
     if (lc->tier == TKV_TIER_L3 && !b->in_l3)
@@ -752,13 +757,11 @@ static void h_list_blocks(void *ctx, const tkvd_call_info *ci, const uint8_t *re
     }
     lc.limit = rq->limit && rq->limit < kListMax ? rq->limit : kListMax;
     Tierkv__V1__ListBlocksResponse rsp = TIERKV__V1__LIST_BLOCKS_RESPONSE__INIT;
-    if (tier != TKV_TIER_L1) { /* no GPU tier yet: nothing lives in L1 */
-        lc.infos = tkv_xcalloc(lc.limit, sizeof(*lc.infos));
-        int rc = tkv_store_list(svc->store, list_cb, &lc);
-        if (rc != TKV_OK) {
-            fail_store(out, rc, "list_blocks");
-            goto done;
-        }
+    lc.infos = tkv_xcalloc(lc.limit, sizeof(*lc.infos));
+    int rc = tkv_store_list(svc->store, list_cb, &lc);
+    if (rc != TKV_OK) {
+        fail_store(out, rc, "list_blocks");
+        goto done;
     }
     msgs = tkv_xcalloc(lc.count ? lc.count : 1, sizeof(*msgs));
     ptrs = tkv_xcalloc(lc.count ? lc.count : 1, sizeof(*ptrs));
@@ -772,6 +775,7 @@ static void h_list_blocks(void *ctx, const tkvd_call_info *ci, const uint8_t *re
         bi->parent.len = TKV_KEY_BYTES;
         bi->depth = b->depth;
         bi->state = (char *)state_name(b->state);
+        bi->in_l1 = b->in_l1;
         bi->in_l2 = b->in_l2;
         bi->in_l3 = b->in_l3;
         bi->pins = b->pins;
@@ -957,6 +961,47 @@ void tkvd_service_abort_waits(void *ctx)
     atomic_store(&svc->abort_waits, true);
 }
 
+/* ---- cost check ------------------------------------------------------------------------------ */
+
+static void h_cost_check(void *ctx, const tkvd_call_info *ci, const uint8_t *req, size_t len,
+                         tkvd_reply *out)
+{
+    tkvd_service *svc = ctx;
+    Tierkv__V1__CostCheckRequest *rq;
+    UNPACK_OR_FAIL(rq, tierkv__v1__cost_check_request, "CostCheckRequest", req, len, out);
+    tkv_block_loc *locs = NULL;
+    if (!(rq->prefill_ms >= 0) || rq->prefill_ms > 1e9) { /* also refuses NaN */
+        fail_with(out, GRPC_STATUS_INVALID_ARGUMENT, "cost_check: prefill_ms %g not in [0, 1e9]",
+                  rq->prefill_ms);
+        goto done;
+    }
+    int tier = (int)rq->tier == TKV_TIER_NONE ? (has_l1(svc) ? TKV_TIER_L1 : TKV_TIER_L2)
+                                         : target_tier(svc, rq->tier, "cost_check", out);
+    if (tier < 0)
+        goto done;
+    size_t cap = max_lease_blocks(svc), n = 0;
+    locs = tkv_xcalloc(cap, sizeof(*locs));
+    int rc = tkv_store_lease_locs(svc->store, rq->lease_id, locs, cap, &n);
+    if (rc != TKV_OK) {
+        fail_store(out, rc, "cost_check");
+        goto done;
+    }
+    tkvd_cost cost = tkvd_cost_estimate(&svc->rates, locs, n < cap ? n : cap, tier,
+                                        tkv_store_block_bytes(svc->store));
+    Tierkv__V1__CostCheckResponse rsp = TIERKV__V1__COST_CHECK_RESPONSE__INIT;
+    rsp.restore_ms = cost.restore_ms;
+    rsp.use_cache = cost.restore_ms < rq->prefill_ms;
+    rsp.blocks_in_tier = cost.in_tier;
+    rsp.blocks_from_l2 = cost.from_l2;
+    rsp.blocks_from_l3 = cost.from_l3;
+    rsp.pcie_gbps = cost.pcie_gbps;
+    rsp.l3_read_gbps = cost.l3_read_gbps;
+    PACK_REPLY(out, tierkv__v1__cost_check_response, &rsp);
+done:
+    free(locs);
+    tierkv__v1__cost_check_request__free_unpacked(rq, NULL);
+}
+
 /* ---- table and limits ------------------------------------------------------------------------- */
 
 static const tkvd_method kMethods[] = {
@@ -974,6 +1019,7 @@ static const tkvd_method kMethods[] = {
     {"/tierkv.v1.Cache/Flush", h_flush, NULL, true},
     {"/tierkv.v1.Cache/Verify", NULL, h_verify, true},
     {"/tierkv.v1.Cache/Health", h_health, NULL, false},
+    {"/tierkv.v1.Cache/CostCheck", h_cost_check, NULL, false},
 };
 
 const tkvd_method *tkvd_service_methods(size_t *num_methods)

@@ -23,6 +23,9 @@ typedef struct tkvd_attach tkvd_attach;
  * metrics must outlive the returned object. TKV_EIO with a log line on bind failure. */
 int tkvd_attach_start(const char *path, tkv_store *store, const uint8_t fingerprint[32],
                       tkvd_metrics *metrics, tkvd_attach **out);
+/* Lets trusted peers (the daemon's own uid, or root) that ask for it map the L2 pool writable
+ * (TKV_ATTACH_HELLO_WRITABLE); others always get a read-only descriptor. Default off. */
+void tkvd_attach_allow_writable(tkvd_attach *a, bool on);
 /* Makes every later handshake offer the GPU pool: the reply gets TKV_ATTACH_F_L1 and is
  * followed by *gpu (copied). Call before clients attach (right after start). */
 void tkvd_attach_offer_gpu(tkvd_attach *a, const tkv_attach_gpu *gpu);

@@ -30,6 +30,7 @@ typedef struct tkvd_config {
     uint64_t l2_blocks;         /* when nonzero, overrides l2_bytes */
     uint64_t l1_bytes;          /* GPU pool size; 0 = off (and off anyway without a GPU) */
     int gpu_device;             /* CUDA device ordinal of the L1 pool */
+    uint32_t l3_read_mbps;      /* the cost check's L3 read-rate assumption */
     bool l3_enabled;
     char *l3_dir;               /* "" = <data_dir>/l3 */
     uint64_t l3_capacity_bytes; /* 0 = unlimited */
@@ -48,6 +49,7 @@ typedef struct tkvd_config {
     char *grpc_tcp;             /* "host:port" or "" (off) */
     char *tls_cert, *tls_key;   /* PEM files; both or neither; only with grpc_tcp */
     char *attach_socket;        /* "" = <run_dir>/attach.sock */
+    bool attach_writable;       /* same-uid engines may map L2 writable */
     bool http_enabled;
     char *http_address;
     uint32_t http_port;         /* 0 = pick a free port (written to <run_dir>/tierkvd.http) */

@@ -22,10 +22,11 @@ typedef struct tkvd_gpu tkvd_gpu;
  * chunks). Errors: TKV_EUNSUPPORTED (no CUDA or no device), TKV_ENOMEM (HBM short),
  * TKV_EINVAL. Logs why. */
 int tkvd_gpu_open(int ordinal, uint64_t num_blocks, size_t block_bytes, tkvd_gpu **out);
-/* Pins the L2 pool [l2_base, l2_base + l2_bytes) for DMA (in chunks) and measures the
+/* Pins the L2 pool [l2_base, l2_base + l2_bytes) for DMA (in chunks of whole slots of
+ * slot_stride bytes, since one copy may not span two registrations) and measures the
  * host-to-device rate. Must precede the first copy: the store is opened with the L1 ops
  * before its L2 pool exists, and no copy runs before the daemon serves. */
-int tkvd_gpu_pin_l2(tkvd_gpu *g, void *l2_base, uint64_t l2_bytes);
+int tkvd_gpu_pin_l2(tkvd_gpu *g, void *l2_base, uint64_t l2_bytes, size_t slot_stride);
 /* Unpins L2 and frees L1; every copy must have returned. NULL is ignored. */
 void tkvd_gpu_close(tkvd_gpu *g);
 

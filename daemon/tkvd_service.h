@@ -15,6 +15,7 @@
 #include "tkv_store.h"
 #include "tkvd_attach.h"
 #include "tkvd_config.h"
+#include "tkvd_cost.h"
 #include "tkvd_metrics.h"
 #include "tkvd_server.h"
 
@@ -23,6 +24,7 @@ typedef struct tkvd_service {
     const tkvd_config *cfg;
     tkvd_metrics *metrics;
     tkvd_attach *attach;      /* NULL: no client_id is valid */
+    tkvd_rates rates;         /* for the cost check */
     const char *version;
     atomic_bool stopping;     /* set on SIGTERM: Health says "stopping" */
     atomic_bool abort_waits;  /* set when the drain time is over: blocking waits give up */

@@ -26,12 +26,12 @@ int tkvk_blockcopy_cuda(void *dst_base, const void *src_base, const uint64_t *ds
     return tkvk__fail(TKVK_ENODEV, "blockcopy: built without CUDA");
 }
 
-int tkvk_host_register(void *p, size_t bytes)
+int tkvk_host_register(void *p, size_t bytes, size_t unit_bytes)
 {
     return tkvk__fail(TKVK_ENODEV, "host_register: built without CUDA");
 }
 
-int tkvk_host_unregister(void *p, size_t bytes)
+int tkvk_host_unregister(void *p, size_t bytes, size_t unit_bytes)
 {
     return tkvk__fail(TKVK_ENODEV, "host_unregister: built without CUDA");
 }

@@ -112,17 +112,26 @@ extern "C" int tkvk_blockcopy_cuda(void *dst_base, const void *src_base,
     return TKVK_OK;
 }
 
-extern "C" int tkvk_host_register(void *p, size_t bytes)
+/* Chunk size: about kRegisterChunkBytes, a whole number of units. */
+static size_t register_chunk(size_t unit_bytes)
+{
+    if (unit_bytes == 0 || unit_bytes >= kRegisterChunkBytes)
+        return unit_bytes ? unit_bytes : kRegisterChunkBytes;
+    return kRegisterChunkBytes / unit_bytes * unit_bytes;
+}
+
+extern "C" int tkvk_host_register(void *p, size_t bytes, size_t unit_bytes)
 {
     if (!p || bytes == 0)
         return tkvk__fail(TKVK_EINVAL, "host_register: empty range");
+    const size_t chunk = register_chunk(unit_bytes);
     size_t done = 0;
     while (done < bytes) {
-        size_t n = bytes - done < kRegisterChunkBytes ? bytes - done : kRegisterChunkBytes;
+        size_t n = bytes - done < chunk ? bytes - done : chunk;
         cudaError_t err = cudaHostRegister(static_cast<char *>(p) + done, n,
                                            cudaHostRegisterMapped | cudaHostRegisterPortable);
         if (err != cudaSuccess) {
-            for (size_t undo = 0; undo < done; undo += kRegisterChunkBytes)
+            for (size_t undo = 0; undo < done; undo += chunk)
                 cudaHostUnregister(static_cast<char *>(p) + undo);
             return tkvk__fail(TKVK_ECUDA, "cudaHostRegister(%zu bytes at +%zu): %s", n, done,
                               cudaGetErrorString(err));
@@ -132,12 +141,13 @@ extern "C" int tkvk_host_register(void *p, size_t bytes)
     return TKVK_OK;
 }
 
-extern "C" int tkvk_host_unregister(void *p, size_t bytes)
+extern "C" int tkvk_host_unregister(void *p, size_t bytes, size_t unit_bytes)
 {
     if (!p || bytes == 0)
         return tkvk__fail(TKVK_EINVAL, "host_unregister: empty range");
+    const size_t chunk = register_chunk(unit_bytes);
     int rc = TKVK_OK;
-    for (size_t done = 0; done < bytes; done += kRegisterChunkBytes) {
+    for (size_t done = 0; done < bytes; done += chunk) {
         cudaError_t err = cudaHostUnregister(static_cast<char *>(p) + done);
         if (err != cudaSuccess && rc == TKVK_OK)
             rc = tkvk__fail(TKVK_ECUDA, "cudaHostUnregister(+%zu): %s", done,

@@ -26,6 +26,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <mutex>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -1190,7 +1191,19 @@ struct tkvk_decode_plan {
     int planned_requests; /* num_requests of the last plan launch, -1 before the first */
 };
 
+/* The shared-memory limits are attributes of this copy of the kernels: a program may hold two
+ * copies of the library (e.g. its own and libkvclient's), and a plan made by one may be used
+ * by the other, so every launcher makes sure of them once per process for its own copy. */
+static int dec_set_smem_limits_now(void);
 static int dec_set_smem_limits(void)
+{
+    static std::once_flag once;
+    static int rc;
+    std::call_once(once, [] { rc = dec_set_smem_limits_now(); });
+    return rc;
+}
+
+static int dec_set_smem_limits_now(void)
 {
     static const int dims[3] = {64, 128, 256};
     for (int i = 0; i < 3; i++)
@@ -1466,6 +1479,8 @@ extern "C" int tkvk_decode_attend_cuda(tkvk_decode_plan *pl, const tkvk_decode_a
     cudaStream_t s = (cudaStream_t)stream;
     bool fp8kv = a->layout->kv_dtype == TKVK_DTYPE_FP8_E4M3;
     AttendVariant v = pick_variant(a->layout->head_dim, fp8kv, p.rows, fp8kv && p.q_fp8);
+    if ((rc = dec_set_smem_limits()) != TKVK_OK)
+        return rc;
     TKVK_CUDA_TRY(launch_pdl(v.fn, dim3(pl->grid), dim3(v.threads), v.smem, s, p));
     TKVK_CUDA_TRY(cudaGetLastError());
     return dec_combine(pl, a, p, false, s);
@@ -1495,6 +1510,8 @@ extern "C" int tkvk_decode_static_cuda(tkvk_decode_plan *pl, const tkvk_decode_a
     cudaStream_t s = (cudaStream_t)stream;
     bool fp8kv = a->layout->kv_dtype == TKVK_DTYPE_FP8_E4M3;
     AttendVariant v = pick_variant(a->layout->head_dim, fp8kv, p.rows, fp8kv && p.q_fp8);
+    if ((rc = dec_set_smem_limits()) != TKVK_OK)
+        return rc;
     TKVK_CUDA_TRY(launch_pdl(v.fn, dim3(p.num_kv_heads, a->num_requests, splits),
                              dim3(v.threads), v.smem, s, p));
     TKVK_CUDA_TRY(cudaGetLastError());

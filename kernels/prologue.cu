@@ -11,7 +11,9 @@
  *    memory and no __syncthreads anywhere;
  *  - consecutive groups take consecutive heads of the same token row, so a warp reads 1 KiB
  *    of contiguous input per round.
- * The tail zero-fill runs in extra CTAs after the token CTAs, one per request.
+ * Variants: one pass with 1, 2 or 4 items per group, and a persistent grid that loads each
+ * group's next item before the math of the current one; the launcher picks by size (see
+ * launch_d). The tail zero-fill runs in extra CTAs after the token CTAs, one per request.
  *
  * Arithmetic: exactly the header's sequence, with __fmul_rn/__fadd_rn/__fsub_rn/__fdiv_rn/
  * __fsqrt_rn so nvcc cannot contract or approximate anything, and lane partials combined in
@@ -59,6 +61,7 @@ struct PrologueArgs {
     const float *v_head_scales;
     int num_reqs;
     const int64_t *req_last_slot;
+    int stride_tokens, stride_heads; /* persistent grid: its item stride as (tokens, heads) */
 };
 
 /* ---- one head = LH lanes, 16 elements per lane ------------------------------------------
@@ -387,8 +390,13 @@ __global__ void __launch_bounds__(kThreads, 4) prologue_persistent(const __grid_
         const int next = item + stride;
         const bool more = next < a.num_items && next > item; /* (no wrap-around) */
         if (more) {
-            t = next / a.heads;
-            h = next - t * a.heads;
+            /* next = item + stride without a division: h < heads and stride_heads < heads. */
+            t += a.stride_tokens;
+            h += a.stride_heads;
+            if (h >= a.heads) {
+                h -= a.heads;
+                t++;
+            }
             const uint16_t *src = a.qkv + (long long)t * a.qkv_stride + h * D + 8 * j;
             r0 = __ldcs(reinterpret_cast<const uint4 *>(src));
             r1 = __ldcs(reinterpret_cast<const uint4 *>(src + D / 2));
@@ -432,6 +440,9 @@ template <int LH> int launch_persistent(PrologueArgs &a, cudaStream_t stream)
     long long needed = ((long long)a.num_items + kWarpsPerCta * G - 1) / (kWarpsPerCta * G);
     long long ctas = std::min<long long>(needed, (long long)sms * std::max(per_sm, 1));
     a.main_ctas = (int)ctas;
+    const int stride = a.main_ctas * kWarpsPerCta * G;
+    a.stride_tokens = stride / a.heads;
+    a.stride_heads = stride % a.heads;
     unsigned grid = (unsigned)(ctas + a.num_reqs);
     if (grid == 0)
         return TKVK_OK;
@@ -440,12 +451,24 @@ template <int LH> int launch_persistent(PrologueArgs &a, cudaStream_t stream)
     return TKVK_OK;
 }
 
+constexpr int kLargeCallItems = 300000;
+
 /* items_per_group: 0 = chosen here; 1, 2 or 4 = that many items per group in one pass;
  * 8 = the persistent grid (the benchmark compares them all). */
 template <int LH> int launch_d(PrologueArgs &a, cudaStream_t stream, int items_per_group)
 {
     switch (items_per_group) {
-    case 0: /* one item per group: measured fastest at every size (docs/perf-kernels-prologue.md) */
+    case 0:
+        /* Measured on an H200 (docs/perf-kernels-prologue.md). Small calls: one item per
+         * group (pure latency; the others are no faster). From ~300K items: the persistent
+         * grid when every warp's groups hold heads of one kind (heads per token a multiple of
+         * the groups per warp; 64/8 heads, 65536 tokens: 650 us against 752 with two items
+         * per group), else two items per group (8/1 heads, where warps mix Q, K and V heads:
+         * 100.6 us against 99.1 persistent, no measurable difference). */
+        if (a.num_items >= kLargeCallItems)
+            return a.heads % (32 / LH) == 0 ? launch_persistent<LH>(a, stream)
+                                            : launch<LH, 2>(a, stream);
+        return launch<LH, 1>(a, stream);
     case 1: return launch<LH, 1>(a, stream);
     case 2: return launch<LH, 2>(a, stream);
     case 4: return launch<LH, 4>(a, stream);

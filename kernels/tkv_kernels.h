@@ -224,7 +224,7 @@ typedef struct tkvk_decode_args {
     float *lse;                /* [num_requests][q_len][Hq] base 2; NULL: not written */
 } tkvk_decode_args;
 
-/* Tiles: every (request, KV head) pair is cut into kTileTokens-token tiles. */
+/* Tiles: every (request, KV head) pair is cut into tiles of this many tokens. */
 #define TKVK_DECODE_TILE_TOKENS 64
 
 /* One work descriptor of the task map: tiles [tile_begin, tile_end) of one (request, KV head). */
@@ -340,11 +340,13 @@ int tkvk_blockcopy_cuda(void *dst_base, const void *src_base, const uint64_t *ds
                         const uint64_t *src_offsets, size_t num_blocks, size_t block_bytes,
                         int method, void *stream);
 
-/* Pins [p, p + bytes) for DMA (cudaHostRegister, mapped + portable) in chunks of at most
- * 1 GiB, so pools of hundreds of GiB register; on failure nothing stays registered.
- * tkvk_host_unregister undoes it (same p and bytes). TKVK_ENODEV without CUDA. */
-int tkvk_host_register(void *p, size_t bytes);
-int tkvk_host_unregister(void *p, size_t bytes);
+/* Pins [p, p + bytes) for DMA (cudaHostRegister, mapped + portable) in chunks of about 1 GiB,
+ * so pools of hundreds of GiB register; on failure nothing stays registered. One copy must not
+ * span two registrations (the driver refuses it), so each chunk is a whole number of
+ * unit_bytes (the pool's slot stride; 0 = no constraint): a block never straddles chunks.
+ * tkvk_host_unregister undoes it (same p, bytes and unit). TKVK_ENODEV without CUDA. */
+int tkvk_host_register(void *p, size_t bytes, size_t unit_bytes);
+int tkvk_host_unregister(void *p, size_t bytes, size_t unit_bytes);
 
 #ifdef __cplusplus
 }

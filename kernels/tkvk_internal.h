@@ -26,7 +26,8 @@ int tkvk__page_tokens_ok(int page_tokens);
  * caller in the message. Data-dependent checks (positions, slots) are the CPU's own. */
 int tkvk__prologue_check(const tkvk_prologue_params *p, const char *fn);
 
-/* tkvk_prologue_cuda() with the kernel's items per warp forced (1, 2, 4; 0 = its own choice),
+/* tkvk_prologue_cuda() with the kernel variant forced: 1, 2 or 4 items per lane group in one
+ * pass, 8 = the persistent grid, 0 = its own choice (what tkvk_prologue_cuda() does),
  * for the benchmark's comparison of the variants. Built with CUDA only. */
 int tkvk__prologue_cuda_tuned(const tkvk_prologue_params *p, void *stream, int items_per_warp);
 

@@ -22,9 +22,15 @@ typedef struct tkv_attach_hello {
     uint32_t magic;
     uint32_t version;
     uint8_t fingerprint[32]; /* the client's geometry fingerprint */
-    uint32_t flags;          /* reserved, 0 */
+    uint32_t flags;          /* TKV_ATTACH_HELLO_* */
     uint32_t pid;            /* informational */
 } tkv_attach_hello;
+
+/* Hello flag: the client asks for a writable L2 mapping (a trusted engine that writes its own
+ * slots with the CPU kernels). Granted only to a peer of the daemon's own uid (or root) when
+ * the daemon's attach_writable is on; the reply then has TKV_ATTACH_F_WRITABLE. Everyone else
+ * gets a read-only descriptor: the kernel refuses a writable shared mapping of it. */
+#define TKV_ATTACH_HELLO_WRITABLE 1u
 
 typedef struct tkv_attach_reply {
     uint32_t magic;
@@ -33,7 +39,8 @@ typedef struct tkv_attach_reply {
     uint64_t l2_bytes;       /* length to map */
     uint64_t block_bytes;
     uint32_t block_tokens;
-    uint32_t flags;          /* bit 0: an L1 (GPU) pool exists (see the GPU-tier extension) */
+    uint32_t flags;          /* TKV_ATTACH_F_L1: a GPU pool message follows;
+                                TKV_ATTACH_F_WRITABLE: the descriptor may be mapped writable */
     char message[128];       /* reason when status != 0 */
 } tkv_attach_reply;
 
@@ -43,6 +50,7 @@ typedef struct tkv_attach_reply {
  * Lookup/Alloc return) lives in chunk off / chunk_bytes at off % chunk_bytes. A client opens
  * each handle with cudaIpcOpenMemHandle on the device whose PCI bus id matches. */
 #define TKV_ATTACH_F_L1 1u
+#define TKV_ATTACH_F_WRITABLE 2u
 #define TKV_ATTACH_MAX_CHUNKS 64
 
 typedef struct tkv_attach_gpu {

@@ -80,6 +80,7 @@ tkv_entry *tkv_entry_new(const tkv_key *key, const tkv_key *parent_key, uint32_t
         e->parent_key = *parent_key;
     e->depth = depth;
     e->l2_slot = UINT64_MAX;
+    e->l1_slot = UINT64_MAX;
     return e;
 }
 

@@ -70,6 +70,7 @@ struct tkv_l3_opts {
     uint64_t capacity_bytes;
     double dead_fraction;
     size_t max_block_bytes;
+    int auto_compact;
 };
 
 tkv_l3_opts *tkv_l3_opts_new(void)
@@ -80,6 +81,7 @@ tkv_l3_opts *tkv_l3_opts_new(void)
     o->queue_depth = 32;
     o->segment_bytes = 1ull << 30;
     o->dead_fraction = 0.5;
+    o->auto_compact = 1;
     return o;
 }
 
@@ -139,6 +141,14 @@ int tkv_l3_opts_set_compact_dead_fraction(tkv_l3_opts *o, double f)
     if (!o || !(f > 0.0 && f <= 1.0))
         return TKV_EINVAL;
     o->dead_fraction = f;
+    return TKV_OK;
+}
+
+int tkv_l3_opts_set_auto_compact(tkv_l3_opts *o, int on)
+{
+    if (!o)
+        return TKV_EINVAL;
+    o->auto_compact = on != 0;
     return TKV_OK;
 }
 
@@ -318,6 +328,13 @@ struct tkv_l3 {
 
     pthread_mutex_t idx_mu;
     pthread_mutex_t compact_mu;
+
+    /* background compaction (auto_compact): kicked under seg_mu when a segment crosses the
+     * dead fraction, stopped by close */
+    pthread_t compactor;
+    int has_compactor;
+    pthread_cond_t compact_cv;   /* with seg_mu */
+    int compact_kick, compact_stop;
 
     pthread_mutex_t ctx_mu;
     pthread_cond_t ctx_cv;
@@ -658,8 +675,17 @@ static void seg_unref(tkv_l3 *l3, l3_seg *s)
 static void seg_account(tkv_l3 *l3, uint32_t id, int64_t delta)
 {
     pthread_mutex_lock(&l3->seg_mu);
-    if (id < l3->segs_cap && l3->segs[id])
-        l3->segs[id]->live += (uint64_t)delta;
+    l3_seg *s = id < l3->segs_cap ? l3->segs[id] : NULL;
+    if (s) {
+        s->live += (uint64_t)delta;
+        /* a delete pushed the segment over the threshold: wake the compactor */
+        if (delta < 0 && l3->has_compactor && !s->compacting && !s->doomed && s->end > 0 &&
+            (double)(s->end - (s->live < s->end ? s->live : s->end)) >=
+                l3->o.dead_fraction * (double)s->end) {
+            l3->compact_kick = 1;
+            pthread_cond_signal(&l3->compact_cv);
+        }
+    }
     pthread_mutex_unlock(&l3->seg_mu);
 }
 
@@ -1929,6 +1955,30 @@ out:
     return rc;
 }
 
+/* The background compactor: sleeps until a delete kicks it, then compacts. Its errors are
+ * the store's (read-only, counted) and are not reported anywhere else. */
+static void *compactor_main(void *arg)
+{
+    tkv_l3 *l3 = arg;
+    pthread_mutex_lock(&l3->seg_mu);
+    for (;;) {
+        while (!l3->compact_kick && !l3->compact_stop)
+            pthread_cond_wait(&l3->compact_cv, &l3->seg_mu);
+        if (l3->compact_stop)
+            break;
+        l3->compact_kick = 0;
+        pthread_mutex_unlock(&l3->seg_mu);
+        uint64_t reclaimed = 0;
+        int rc = tkv_l3_compact(l3, &reclaimed);
+        if (rc != TKV_OK && rc != TKV_EREADONLY)
+            TKV_LOG(TKV_LOG_WARN, "l3 %s: background compaction: %s", l3->dir,
+                    tkv_strerror(rc));
+        pthread_mutex_lock(&l3->seg_mu);
+    }
+    pthread_mutex_unlock(&l3->seg_mu);
+    return NULL;
+}
+
 /* ==== stats ================================================================================ */
 
 void tkv_l3_get_stats(tkv_l3 *l3, tkv_l3_stats *out)
@@ -2211,6 +2261,7 @@ int tkv_l3_open(const char *dir, const tkv_l3_opts *o, tkv_l3 **out)
     pthread_mutex_init(&l3->compact_mu, NULL);
     pthread_mutex_init(&l3->ctx_mu, NULL);
     pthread_cond_init(&l3->ctx_cv, NULL);
+    pthread_cond_init(&l3->compact_cv, NULL);
 
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
         TKV_LOG(TKV_LOG_ERROR, "l3 %s: mkdir: %s", dir, strerror(errno));
@@ -2264,6 +2315,14 @@ int tkv_l3_open(const char *dir, const tkv_l3_opts *o, tkv_l3 **out)
                     "pread/pwrite", dir, strerror(err));
         }
     }
+    if (o->auto_compact) {
+        if (pthread_create(&l3->compactor, NULL, compactor_main, l3) != 0) {
+            TKV_LOG(TKV_LOG_ERROR, "l3 %s: cannot start the compaction thread", dir);
+            rc = TKV_ENOMEM;
+            goto fail;
+        }
+        l3->has_compactor = 1;
+    }
     TKV_LOG(TKV_LOG_INFO, "l3 %s: %llu blocks, %s, align %u%s", dir,
             (unsigned long long)l3->num_blocks, l3->io_mode == TKV_IO_URING ? "io_uring" :
             "pread/pwrite", l3->align, l3->direct ? ", O_DIRECT" : "");
@@ -2278,6 +2337,14 @@ void tkv_l3_close(tkv_l3 *l3)
 {
     if (!l3)
         return;
+    if (l3->has_compactor) {
+        pthread_mutex_lock(&l3->seg_mu);
+        l3->compact_stop = 1;
+        pthread_cond_signal(&l3->compact_cv);
+        pthread_mutex_unlock(&l3->seg_mu);
+        pthread_join(l3->compactor, NULL);
+        l3->has_compactor = 0;
+    }
     while (l3->free_ctx) {
         l3_ctx *c = l3->free_ctx;
         l3->free_ctx = c->next_free;
@@ -2308,6 +2375,7 @@ void tkv_l3_close(tkv_l3 *l3)
     pthread_mutex_destroy(&l3->compact_mu);
     pthread_mutex_destroy(&l3->ctx_mu);
     pthread_cond_destroy(&l3->ctx_cv);
+    pthread_cond_destroy(&l3->compact_cv);
     free(l3->dir);
     free(l3);
 }

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -13,6 +14,7 @@
 
 struct tkv_pool {
     int fd;
+    int ro_fd;   /* the same memory through a read-only file description, for clients */
     void *base;
     uint64_t bytes;
     size_t slot_bytes, slot_stride;
@@ -39,6 +41,7 @@ int tkv_pool_create(const char *name, size_t slot_bytes, uint64_t num_slots, tkv
 
     p = tkv_xcalloc(1, sizeof(*p));
     p->fd = -1;
+    p->ro_fd = -1;
     p->base = MAP_FAILED;
     p->slot_bytes = slot_bytes;
     p->slot_stride = stride;
@@ -60,6 +63,16 @@ int tkv_pool_create(const char *name, size_t slot_bytes, uint64_t num_slots, tkv
     /* Sealed before anyone else can see the fd: a client's mapping can never lose its pages. */
     if (fcntl(p->fd, F_ADD_SEALS, F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) != 0) {
         TKV_LOG(TKV_LOG_ERROR, "sealing memfd: %s", strerror(errno));
+        goto fail;
+    }
+    /* A client's descriptor must not allow a writable shared mapping: reopening the memfd
+     * through /proc with O_RDONLY gives a file description mmap(PROT_WRITE, MAP_SHARED)
+     * refuses. */
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", p->fd);
+    p->ro_fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (p->ro_fd < 0) {
+        TKV_LOG(TKV_LOG_ERROR, "read-only reopen of the pool memfd: %s", strerror(errno));
         goto fail;
     }
     /* MAP_POPULATE: the pool is memory the operator gave the cache, so take it now. A first
@@ -97,6 +110,8 @@ void tkv_pool_destroy(tkv_pool *p)
         munmap(p->base, p->bytes);
     if (p->fd >= 0)
         close(p->fd);
+    if (p->ro_fd >= 0)
+        close(p->ro_fd);
     pthread_mutex_destroy(&p->mu);
     free(p->free_stack);
     free(p->used);
@@ -135,6 +150,7 @@ uint64_t tkv_pool_num_slots(const tkv_pool *p) { return p->num_slots; }
 size_t tkv_pool_slot_bytes(const tkv_pool *p) { return p->slot_bytes; }
 size_t tkv_pool_slot_stride(const tkv_pool *p) { return p->slot_stride; }
 int tkv_pool_fd(const tkv_pool *p) { return p->fd; }
+int tkv_pool_fd_readonly(const tkv_pool *p) { return p->ro_fd; }
 uint64_t tkv_pool_bytes(const tkv_pool *p) { return p->bytes; }
 void *tkv_pool_base(const tkv_pool *p) { return p->base; }
 

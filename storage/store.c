@@ -63,6 +63,9 @@ struct tkv_store_opts {
     char *policy;
     unsigned workers;
     uint32_t ttl_default_ms, ttl_max_ms;
+    uint64_t l1_blocks;
+    const tkv_l1_ops *l1_ops;
+    void *l1_ctx;
 };
 
 #define MAX_BLOCK_BYTES (1ull << 30)
@@ -175,6 +178,18 @@ int tkv_store_opts_set_workers(tkv_store_opts *o, unsigned n)
     return TKV_OK;
 }
 
+int tkv_store_opts_set_l1(tkv_store_opts *o, uint64_t num_blocks, const tkv_l1_ops *ops,
+                          void *ctx)
+{
+    if (!o || num_blocks == 0 || num_blocks > TKV_POOL_MAX_SLOTS || !ops || !ops->offset ||
+        !ops->promote || !ops->demote)
+        return TKV_EINVAL;
+    o->l1_blocks = num_blocks;
+    o->l1_ops = ops;
+    o->l1_ctx = ctx;
+    return TKV_OK;
+}
+
 int tkv_store_opts_set_lease_ttl_ms(tkv_store_opts *o, uint32_t dflt, uint32_t max)
 {
     if (!o || dflt == 0 || max == 0 || dflt > max)
@@ -208,6 +223,7 @@ typedef struct tier {
 
 typedef struct alloc_rec {
     uint64_t id, owner;
+    int tier;               /* TKV_TIER_L2 or TKV_TIER_L1 */
     size_t n;
     uint64_t *slots;
     unsigned writers;       /* alloc_write calls copying right now */
@@ -224,6 +240,9 @@ typedef struct ticket {
 
 typedef struct prefetch_job {
     uint64_t ticket;
+    int tier;               /* target: TKV_TIER_L2 or TKV_TIER_L1 */
+    size_t n1;
+    tkv_entry **l1ents;     /* target L1: every lease block not yet in L1 (pinned) */
     tkv_done_fn done;
     void *arg;
     size_t n, num_waits;
@@ -240,6 +259,10 @@ struct tkv_store {
     uint32_t ttl_default_ms, ttl_max_ms;
 
     tkv_pool *pool;
+    /* L1: slot accounting here, bytes behind the backend. Free slots are a stack. */
+    const tkv_l1_ops *l1_ops;
+    void *l1_ctx;
+    uint64_t *l1_free, l1_nfree;
     tkv_l3 *l3;
     bool l3_readonly;
     tier tiers[TKV_NUM_TIERS];
@@ -326,7 +349,7 @@ static void pe_changed(tkv_store *s, tkv_entry *e, int t)
 static void entry_pin(tkv_store *s, tkv_entry *e)
 {
     e->pins++;
-    for (int t = TKV_TIER_L2; t < TKV_NUM_TIERS; t++) {
+    for (int t = TKV_TIER_L1; t < TKV_NUM_TIERS; t++) {
         if (!(e->resident & RES(t)))
             continue;
         e->pe[t].pinned = e->pins;
@@ -339,7 +362,7 @@ static void entry_unpin(tkv_store *s, tkv_entry *e)
 {
     TKV_ASSERT(e->pins > 0);
     e->pins--;
-    for (int t = TKV_TIER_L2; t < TKV_NUM_TIERS; t++) {
+    for (int t = TKV_TIER_L1; t < TKV_NUM_TIERS; t++) {
         if (!(e->resident & RES(t)))
             continue;
         e->pe[t].pinned = e->pins;
@@ -404,6 +427,9 @@ static void tier_leave(tkv_store *s, tkv_entry *e, int t)
     if (t == TKV_TIER_L2) {
         tkv_pool_free(s->pool, e->l2_slot);
         e->l2_slot = UINT64_MAX;
+    } else if (t == TKV_TIER_L1) {
+        s->l1_free[s->l1_nfree++] = e->l1_slot;
+        e->l1_slot = UINT64_MAX;
     }
 }
 
@@ -449,11 +475,41 @@ static void wb_queue(tkv_store *s, tkv_entry *e)
 static tkv_block_loc entry_loc(const tkv_store *s, const tkv_entry *e)
 {
     tkv_block_loc loc = {0};
+    loc.in_l1 = (e->resident & RES(TKV_TIER_L1)) != 0;
     loc.in_l2 = (e->resident & RES(TKV_TIER_L2)) != 0;
     loc.in_l3 = (e->resident & RES(TKV_TIER_L3)) != 0;
-    loc.tier = loc.in_l2 ? TKV_TIER_L2 : loc.in_l3 ? TKV_TIER_L3 : TKV_TIER_NONE;
+    loc.tier = loc.in_l1   ? TKV_TIER_L1
+               : loc.in_l2 ? TKV_TIER_L2
+               : loc.in_l3 ? TKV_TIER_L3
+                           : TKV_TIER_NONE;
     loc.l2_offset = loc.in_l2 ? slot_offset(s, e->l2_slot) : TKV_NO_OFFSET;
+    loc.l1_offset = loc.in_l1 ? s->l1_ops->offset(s->l1_ctx, e->l1_slot) : TKV_NO_OFFSET;
     return loc;
+}
+
+/* idx_lock (write) + mu held: takes up to `want` free L1 slots, evicting unpinned L1 victims
+ * (tails first). An L1 block leaves at once: it has a copy below (commit and promotion put
+ * one there), or, where L2 had no room for it, it is simply dropped like any cache line.
+ * *got = slots taken; TKV_OK when all were taken, else TKV_EFULL. */
+static int l1_reserve(tkv_store *s, size_t want, uint64_t *slots, size_t *got)
+{
+    tier *T = &s->tiers[TKV_TIER_L1];
+    *got = 0;
+    while (*got < want) {
+        if (s->l1_nfree) {
+            slots[(*got)++] = s->l1_free[--s->l1_nfree];
+            continue;
+        }
+        tkv_policy_entry *v = T->ops->victim(T->pstate);
+        if (!v)
+            return TKV_EFULL;
+        tkv_entry *e = entry_of_pe(v, TKV_TIER_L1);
+        TKV_ASSERT(e->pins == 0 && (e->resident & RES(TKV_TIER_L1)));
+        tier_leave(s, e, TKV_TIER_L1);
+        s->st.evictions++;
+        entry_drop_if_gone(s, e);
+    }
+    return TKV_OK;
 }
 
 /* ============================================================================================
@@ -520,6 +576,7 @@ static void help_writeback(tkv_store *s)
 
 static void *worker_main(void *arg);
 static void *reaper_main(void *arg);
+static void alloc_free(tkv_store *s, alloc_rec *a, size_t from);
 
 typedef struct load_ctx {
     tkv_store *s;
@@ -665,7 +722,17 @@ int tkv_store_open(const tkv_store_opts *o, tkv_store **out)
     if (rc != TKV_OK)
         goto fail;
 
-    /* Tiers are indexed by TKV_TIER_*; L1 (GPU) joins as one more entry of this array. */
+    /* Tiers are indexed by TKV_TIER_*; L1 is there when a backend was given. */
+    if (o->l1_ops) {
+        s->l1_ops = o->l1_ops;
+        s->l1_ctx = o->l1_ctx;
+        s->l1_free = tkv_xmalloc(o->l1_blocks * sizeof(uint64_t));
+        for (uint64_t i = 0; i < o->l1_blocks; i++)
+            s->l1_free[i] = o->l1_blocks - 1 - i; /* slot 0 on top: low offsets first */
+        s->l1_nfree = o->l1_blocks;
+        s->tiers[TKV_TIER_L1].enabled = true;
+        s->tiers[TKV_TIER_L1].capacity_blocks = o->l1_blocks;
+    }
     s->tiers[TKV_TIER_L2].enabled = true;
     s->tiers[TKV_TIER_L2].capacity_blocks = o->l2_blocks;
     s->tiers[TKV_TIER_L3].enabled = o->l3_dir != NULL;
@@ -674,7 +741,7 @@ int tkv_store_open(const tkv_store_opts *o, tkv_store **out)
     s->tiers[TKV_TIER_L3].capacity_blocks = !o->l3_dir                ? 0
                                             : !o->l3_capacity_bytes ? UINT64_MAX
                                             : l3_blocks ? l3_blocks : 1;
-    for (int t = TKV_TIER_L2; t < TKV_NUM_TIERS; t++) {
+    for (int t = TKV_TIER_L1; t < TKV_NUM_TIERS; t++) {
         tier *T = &s->tiers[t];
         T->ops = ops;
         T->pstate = ops->create(T->capacity_blocks ? T->capacity_blocks : 1);
@@ -746,10 +813,7 @@ void tkv_store_close(tkv_store *s)
     while (s->allocs) {
         alloc_rec *a = s->allocs;
         s->allocs = a->next;
-        for (size_t i = 0; i < a->n; i++)
-            tkv_pool_free(s->pool, a->slots[i]);
-        free(a->slots);
-        free(a);
+        alloc_free(s, a, 0);
     }
     while (s->tickets) {
         ticket *t = s->tickets;
@@ -760,10 +824,11 @@ void tkv_store_close(tkv_store *s)
 
     tkv_lease_table_free(s->leases);
     tkv_index_free(s->ix);
-    for (int t = TKV_TIER_L2; t < TKV_NUM_TIERS; t++)
+    for (int t = TKV_TIER_L1; t < TKV_NUM_TIERS; t++)
         if (s->tiers[t].pstate)
             s->tiers[t].ops->destroy(s->tiers[t].pstate);
     tkv_pool_destroy(s->pool);
+    free(s->l1_free);
     tkv_l3_close(s->l3);
     pthread_cond_destroy(&s->cv_work);
     pthread_cond_destroy(&s->cv_done);
@@ -778,8 +843,10 @@ void tkv_store_close(tkv_store *s)
  * ========================================================================================== */
 
 int tkv_store_l2_fd(const tkv_store *s) { return s ? tkv_pool_fd(s->pool) : -1; }
+int tkv_store_l2_fd_readonly(const tkv_store *s) { return s ? tkv_pool_fd_readonly(s->pool) : -1; }
 uint64_t tkv_store_l2_bytes(const tkv_store *s) { return s ? tkv_pool_bytes(s->pool) : 0; }
 size_t tkv_store_block_bytes(const tkv_store *s) { return s ? s->block_bytes : 0; }
+size_t tkv_store_l2_slot_stride(const tkv_store *s) { return s ? tkv_pool_slot_stride(s->pool) : 0; }
 uint32_t tkv_store_block_tokens(const tkv_store *s) { return s ? s->block_tokens : 0; }
 
 void *tkv_store_l2_ptr(tkv_store *s, uint64_t offset)
@@ -862,7 +929,7 @@ int tkv_store_lookup(tkv_store *s, const tkv_key *keys, size_t num_keys, uint64_
         entry_pin(s, e);
         e->hits++;
         e->last_access_ms = wall;
-        for (int t = TKV_TIER_L2; t < TKV_NUM_TIERS; t++)
+        for (int t = TKV_TIER_L1; t < TKV_NUM_TIERS; t++)
             if (e->resident & RES(t))
                 s->tiers[t].ops->accessed(s->tiers[t].pstate, &e->pe[t], now);
         if (locs) {
@@ -947,10 +1014,19 @@ static void release_if_owner(void *arg, tkv_lease *l)
     release_lease_pins(oc->s, l);
 }
 
+/* mu held: returns an unused slot of tier t (L1 or L2) to its free set. */
+static void slot_free(tkv_store *s, int t, uint64_t slot)
+{
+    if (t == TKV_TIER_L1)
+        s->l1_free[s->l1_nfree++] = slot;
+    else
+        tkv_pool_free(s->pool, slot);
+}
+
 static void alloc_free(tkv_store *s, alloc_rec *a, size_t from)
 {
     for (size_t i = from; i < a->n; i++)
-        tkv_pool_free(s->pool, a->slots[i]);
+        slot_free(s, a->tier, a->slots[i]);
     free(a->slots);
     free(a);
 }
@@ -1169,9 +1245,19 @@ int tkv_store_put(tkv_store *s, const tkv_key *parent, const tkv_key *keys,
 int tkv_store_alloc(tkv_store *s, size_t n, uint64_t owner, uint64_t *alloc_id,
                     uint64_t *offsets)
 {
+    return tkv_store_alloc_tier(s, TKV_TIER_L2, n, owner, alloc_id, offsets);
+}
+
+int tkv_store_alloc_tier(tkv_store *s, int tier_id, size_t n, uint64_t owner,
+                         uint64_t *alloc_id, uint64_t *offsets)
+{
     if (!s || n == 0 || !alloc_id || !offsets)
         return TKV_EINVAL;
-    if (n > s->tiers[TKV_TIER_L2].capacity_blocks)
+    if (tier_id == TKV_TIER_L1 && !s->l1_ops)
+        return TKV_EUNSUPPORTED;
+    if (tier_id != TKV_TIER_L1 && tier_id != TKV_TIER_L2)
+        return TKV_EINVAL;
+    if (n > s->tiers[tier_id].capacity_blocks)
         return TKV_EFULL;
     uint64_t *slots = tkv_xmalloc(n * sizeof(*slots));
     size_t got = 0;
@@ -1185,7 +1271,8 @@ int tkv_store_alloc(tkv_store *s, size_t n, uint64_t owner, uint64_t *alloc_id,
             break;
         }
         size_t more = 0;
-        rc = l2_reserve(s, n - got, slots + got, &more);
+        rc = tier_id == TKV_TIER_L1 ? l1_reserve(s, n - got, slots + got, &more)
+                                    : l2_reserve(s, n - got, slots + got, &more);
         got += more;
         if (rc != RESERVE_WAIT || tkv_now_ns() > deadline)
             break;
@@ -1199,18 +1286,20 @@ int tkv_store_alloc(tkv_store *s, size_t n, uint64_t owner, uint64_t *alloc_id,
         alloc_rec *a = tkv_xcalloc(1, sizeof(*a));
         a->id = s->next_alloc_id++;
         a->owner = owner;
+        a->tier = tier_id;
         a->n = n;
         a->slots = slots;
         a->next = s->allocs;
         s->allocs = a;
         s->num_allocs++;
         for (size_t i = 0; i < n; i++)
-            offsets[i] = slot_offset(s, slots[i]);
+            offsets[i] = tier_id == TKV_TIER_L1 ? s->l1_ops->offset(s->l1_ctx, slots[i])
+                                                : slot_offset(s, slots[i]);
         *alloc_id = a->id;
         slots = NULL;
     } else {
         for (size_t i = 0; i < got; i++)
-            tkv_pool_free(s->pool, slots[i]);
+            slot_free(s, tier_id, slots[i]);
         if (rc == RESERVE_WAIT)
             rc = TKV_EFULL;
     }
@@ -1234,7 +1323,7 @@ int tkv_store_alloc_write(tkv_store *s, uint64_t alloc_id, uint32_t index, const
         return TKV_EINVAL;
     lock(s);
     alloc_rec *a = alloc_find(s, alloc_id);
-    if (!a || index >= a->n) {
+    if (!a || index >= a->n || a->tier != TKV_TIER_L2) {
         unlock(s);
         return a ? TKV_EINVAL : TKV_ENOTFOUND;
     }
@@ -1249,6 +1338,52 @@ int tkv_store_alloc_write(tkv_store *s, uint64_t alloc_id, uint32_t index, const
     pthread_cond_broadcast(&s->cv_done);
     unlock(s);
     return TKV_OK;
+}
+
+/* No locks held: copies the first blocks of L1 slots down into newly reserved L2 slots.
+ * Returns how many got a copy (a prefix: L2 may be short of room); *out gets a malloc'ed
+ * array of their L2 slots. */
+static size_t l1_copy_down(tkv_store *s, const uint64_t *l1slots, size_t n, uint64_t **out)
+{
+    uint64_t *slots = tkv_xmalloc((n ? n : 1) * sizeof(*slots));
+    size_t got = 0;
+    uint64_t deadline = tkv_now_ns() + RESERVE_DEADLINE_NS;
+    wr_lock(s);
+    lock(s);
+    while (!s->closing) {
+        size_t more = 0;
+        int rc = l2_reserve(s, n - got, slots + got, &more);
+        got += more;
+        if (rc != RESERVE_WAIT || tkv_now_ns() > deadline)
+            break;
+        unlock(s);
+        idx_unlock(s);
+        help_writeback(s);
+        wr_lock(s);
+        lock(s);
+    }
+    unlock(s);
+    idx_unlock(s);
+    if (got) {
+        uint64_t *offs = tkv_xmalloc(got * sizeof(*offs));
+        for (size_t i = 0; i < got; i++)
+            offs[i] = slot_offset(s, slots[i]);
+        int rc = s->l1_ops->demote(s->l1_ctx, offs, l1slots, got);
+        free(offs);
+        lock(s);
+        if (rc != TKV_OK) {
+            for (size_t i = 0; i < got; i++)
+                tkv_pool_free(s->pool, slots[i]);
+            s->st.io_errors++;
+            got = 0;
+        } else {
+            s->st.demotions += got;
+            s->st.demotion_bytes += got * s->block_bytes;
+        }
+        unlock(s);
+    }
+    *out = slots;
+    return got;
 }
 
 int tkv_store_commit(tkv_store *s, uint64_t alloc_id, const tkv_key *parent,
@@ -1272,9 +1407,15 @@ int tkv_store_commit(tkv_store *s, uint64_t alloc_id, const tkv_key *parent,
     if (rc != TKV_OK)
         return rc;
 
+    /* L2 copies: the allocation's own slots, or, for L1 slots, copies made now (so the block
+     * is checksummed and can be written through; where L2 has no room, L1 alone holds it). */
+    uint64_t *l2slots = a->slots;
+    size_t num_l2 = n;
+    if (a->tier == TKV_TIER_L1)
+        num_l2 = l1_copy_down(s, a->slots, n, &l2slots);
     uint64_t *csums = tkv_xmalloc((n ? n : 1) * sizeof(*csums));
-    for (size_t i = 0; i < n; i++)
-        csums[i] = tkv_csum64(slot_ptr(s, a->slots[i]), s->block_bytes);
+    for (size_t i = 0; i < num_l2; i++)
+        csums[i] = tkv_csum64(slot_ptr(s, l2slots[i]), s->block_bytes);
 
     size_t stored = 0, dup = 0, rejected = 0;
     wr_lock(s);
@@ -1284,7 +1425,9 @@ int tkv_store_commit(tkv_store *s, uint64_t alloc_id, const tkv_key *parent,
     for (size_t i = 0; i < n; i++) {
         const tkv_key *pk = i ? &keys[i - 1] : parent ? parent : &zero_key;
         if (tkv_index_find(s->ix, &keys[i])) {
-            tkv_pool_free(s->pool, a->slots[i]);
+            slot_free(s, a->tier, a->slots[i]);
+            if (a->tier == TKV_TIER_L1 && i < num_l2)
+                tkv_pool_free(s->pool, l2slots[i]);
             dup++;
             continue;
         }
@@ -1295,24 +1438,35 @@ int tkv_store_commit(tkv_store *s, uint64_t alloc_id, const tkv_key *parent,
         probe.parent = p && (p->resident & RES(TKV_TIER_L2)) ? &p->pe[TKV_TIER_L2] : NULL;
         if (!T2->ops->admit(T2->pstate, &probe, now)) {
             tkv_entry_free(e);
-            tkv_pool_free(s->pool, a->slots[i]);
+            slot_free(s, a->tier, a->slots[i]);
+            if (a->tier == TKV_TIER_L1 && i < num_l2)
+                tkv_pool_free(s->pool, l2slots[i]);
             rejected++;
             continue;
         }
         e->state = TKV_BLOCK_READY;
-        e->l2_slot = a->slots[i];
-        e->csum = csums[i];
-        e->flags |= F_CSUM;
         e->last_access_ms = wall;
         entry_set_tokens(s, e, tokens + i * (size_t)s->block_tokens);
         rc = tkv_index_insert(s->ix, e);
         TKV_ASSERT(rc == TKV_OK);
-        tier_enter(s, e, TKV_TIER_L2, now);
+        if (i < num_l2) {
+            e->l2_slot = l2slots[i];
+            e->csum = csums[i];
+            e->flags |= F_CSUM;
+            tier_enter(s, e, TKV_TIER_L2, now);
+        }
+        if (a->tier == TKV_TIER_L1) {
+            e->l1_slot = a->slots[i];
+            tier_enter(s, e, TKV_TIER_L1, now);
+        }
         if (s->write_through)
             wb_queue(s, e);
         stored++;
     }
+    bool own_l2 = a->tier == TKV_TIER_L1;
     alloc_free(s, a, n); /* the slots beyond n go back to the pool */
+    if (own_l2)
+        free(l2slots);
     s->st.puts++;
     s->st.put_blocks += n;
     s->st.put_dup_blocks += dup;
@@ -1486,9 +1640,9 @@ int tkv_store_prefetch(tkv_store *s, uint64_t lease_id, int tier_id, tkv_done_fn
 {
     if (!s || !ticket_out)
         return TKV_EINVAL;
-    if (tier_id == TKV_TIER_L1)
-        return TKV_EUNSUPPORTED; /* the GPU tier is not attached in this build */
-    if (tier_id != TKV_TIER_L2)
+    if (tier_id == TKV_TIER_L1 && !s->l1_ops)
+        return TKV_EUNSUPPORTED; /* no GPU tier attached */
+    if (tier_id != TKV_TIER_L2 && tier_id != TKV_TIER_L1)
         return TKV_EINVAL;
     int rc = TKV_OK;
     lock(s);
@@ -1504,9 +1658,21 @@ int tkv_store_prefetch(tkv_store *s, uint64_t lease_id, int tier_id, tkv_done_fn
     prefetch_job *j = tkv_xcalloc(1, sizeof(*j));
     j->ents = tkv_xmalloc((l->num_entries + 1) * sizeof(tkv_entry *));
     j->waits = tkv_xmalloc((l->num_entries + 1) * sizeof(tkv_entry *));
+    j->tier = tier_id;
+    if (tier_id == TKV_TIER_L1) {
+        j->l1ents = tkv_xmalloc((l->num_entries + 1) * sizeof(tkv_entry *));
+        for (size_t i = 0; i < l->num_entries; i++) {
+            tkv_entry *e = l->entries[i];
+            if (e->resident & RES(TKV_TIER_L1))
+                continue;
+            entry_pin(s, e);
+            j->l1ents[j->n1++] = e;
+        }
+    }
     for (size_t i = 0; i < l->num_entries; i++) {
         tkv_entry *e = l->entries[i];
-        if ((e->resident & RES(TKV_TIER_L2)) || !(e->resident & RES(TKV_TIER_L3)))
+        if ((e->resident & (RES(TKV_TIER_L2) | RES(TKV_TIER_L1))) ||
+            !(e->resident & RES(TKV_TIER_L3)))
             continue;
         entry_pin(s, e);
         if (e->flags & F_PROMOTING) {
@@ -1564,6 +1730,111 @@ int tkv_store_wait(tkv_store *s, uint64_t ticket_id, int timeout_ms, int *status
     }
     unlock(s);
     return rc;
+}
+
+typedef struct csum_job {
+    tkv_store *s;
+    size_t n;
+    void **ptrs;
+    const uint64_t *want;
+    uint8_t *bad;
+} csum_job;
+
+static void *csum_main(void *arg)
+{
+    csum_job *c = arg;
+    for (size_t i = 0; i < c->n; i++)
+        c->bad[i] = tkv_csum64(c->ptrs[i], c->s->block_bytes) != c->want[i];
+    return NULL;
+}
+
+/* mu held (no idx_lock), after the L3 -> L2 phase of a prefetch to L1: copies every lease
+ * block that is in L2 but not in L1 up in one batch. Each block's L2 copy is checksummed on
+ * a second thread while the DMA runs; a mismatch drops the block from L1 and L2 and is
+ * reported, so wrong KV never shows as present. Returns the job's status. */
+static int run_l1_promotion(tkv_store *s, prefetch_job *j, int status)
+{
+    size_t n = j->n1, k = 0, got = 0;
+    uint64_t *l1slots = tkv_xmalloc((n ? n : 1) * sizeof(uint64_t));
+    uint64_t *l2offs = tkv_xmalloc((n ? n : 1) * sizeof(uint64_t));
+    uint64_t *want = tkv_xmalloc((n ? n : 1) * sizeof(uint64_t));
+    void **ptrs = tkv_xmalloc((n ? n : 1) * sizeof(void *));
+    uint8_t *bad = tkv_xcalloc(n ? n : 1, 1);
+    tkv_entry **ents = tkv_xmalloc((n ? n : 1) * sizeof(tkv_entry *));
+
+    unlock(s);
+    wr_lock(s);
+    lock(s);
+    for (size_t i = 0; i < n; i++) {
+        tkv_entry *e = j->l1ents[i];
+        if (e->resident & RES(TKV_TIER_L1))
+            continue; /* another prefetch brought it meanwhile */
+        if (!(e->resident & RES(TKV_TIER_L2))) {
+            if (status == TKV_OK)
+                status = e->promote_err ? e->promote_err : TKV_ENOTFOUND;
+            continue;
+        }
+        ents[k++] = e;
+    }
+    if (k && l1_reserve(s, k, l1slots, &got) != TKV_OK && status == TKV_OK)
+        status = TKV_EFULL;
+    for (size_t i = 0; i < got; i++) {
+        l2offs[i] = slot_offset(s, ents[i]->l2_slot);
+        ptrs[i] = slot_ptr(s, ents[i]->l2_slot);
+        want[i] = ents[i]->csum;
+        bad[i] = 0;
+    }
+    unlock(s);
+    idx_unlock(s);
+
+    int rc = TKV_OK;
+    if (got) {
+        csum_job cj = {s, got, ptrs, want, bad};
+        pthread_t th;
+        bool threaded = pthread_create(&th, NULL, csum_main, &cj) == 0;
+        rc = s->l1_ops->promote(s->l1_ctx, l1slots, l2offs, got);
+        if (threaded)
+            pthread_join(th, NULL);
+        else
+            csum_main(&cj);
+    }
+
+    wr_lock(s);
+    lock(s);
+    uint64_t now = tkv_now_ns();
+    for (size_t i = 0; i < got; i++) {
+        tkv_entry *e = ents[i];
+        int st = rc != TKV_OK ? TKV_EIO : (e->flags & F_CSUM) && bad[i] ? TKV_ECHECKSUM : TKV_OK;
+        if (st == TKV_OK && !(e->resident & RES(TKV_TIER_L1))) {
+            e->l1_slot = l1slots[i];
+            tier_enter(s, e, TKV_TIER_L1, now);
+            s->st.promotions++;
+            s->st.promotion_bytes += s->block_bytes;
+            continue;
+        }
+        slot_free(s, TKV_TIER_L1, l1slots[i]);
+        if (st == TKV_ECHECKSUM) {
+            s->st.checksum_failures++;
+            if (e->resident & RES(TKV_TIER_L2))
+                tier_leave(s, e, TKV_TIER_L2);
+            entry_drop_if_gone(s, e);
+        } else if (st == TKV_EIO) {
+            s->st.io_errors++;
+        }
+        if (st != TKV_OK && (status == TKV_OK || st == TKV_ECHECKSUM))
+            status = st;
+    }
+    for (size_t i = 0; i < n; i++)
+        entry_unpin(s, j->l1ents[i]);
+    pthread_cond_broadcast(&s->cv_done);
+    idx_unlock(s);
+    free(l1slots);
+    free(l2offs);
+    free(want);
+    free(ptrs);
+    free(bad);
+    free(ents);
+    return status;
 }
 
 /* Worker: runs one prefetch job. */
@@ -1651,6 +1922,8 @@ static void run_prefetch(tkv_store *s, prefetch_job *j)
     }
     /* The callback runs before the ticket completes, so a caller that waits on the ticket
      * knows the callback is finished with its argument. */
+    if (j->tier == TKV_TIER_L1)
+        status = run_l1_promotion(s, j, status);
     if (j->done) {
         unlock(s);
         j->done(j->arg, j->ticket, status);
@@ -1663,6 +1936,7 @@ static void run_prefetch(tkv_store *s, prefetch_job *j)
     free(csums);
     free(j->ents);
     free(j->waits);
+    free(j->l1ents);
     free(j);
 }
 
@@ -1930,6 +2204,31 @@ static uint32_t internal_pins(const tkv_entry *e)
     return ((e->flags & F_WB) ? 1u : 0u) + ((e->flags & F_PROMOTING) ? 1u : 0u);
 }
 
+/* L1 blocks leave at once (see l1_reserve): their copy below stays. */
+static int evict_l1(tkv_store *s, const tkv_key *keys, size_t nk, size_t *evicted,
+                    size_t *pinned)
+{
+    collect_ctx c = {0};
+    wr_lock(s);
+    lock(s);
+    collect_targets(s, TKV_TIER_L1, keys, nk, &c);
+    for (size_t i = 0; i < c.n; i++) {
+        tkv_entry *e = c.ents[i];
+        if (e->pins) {
+            (*pinned)++;
+            continue;
+        }
+        tier_leave(s, e, TKV_TIER_L1);
+        s->st.evictions++;
+        (*evicted)++;
+        entry_drop_if_gone(s, e);
+    }
+    unlock(s);
+    idx_unlock(s);
+    free(c.ents);
+    return TKV_OK;
+}
+
 static int evict_l2(tkv_store *s, const tkv_key *keys, size_t nk, size_t *evicted,
                     size_t *pinned)
 {
@@ -2041,14 +2340,13 @@ int tkv_store_evict(tkv_store *s, int tier_id, const tkv_key *keys, size_t num_k
         *num_pinned = 0;
     if (!s || num_keys > MAX_KEYS_PER_CALL)
         return TKV_EINVAL;
-    if (tier_id == TKV_TIER_L1)
-        return TKV_EUNSUPPORTED;
-    if (tier_id != TKV_TIER_L2 && tier_id != TKV_TIER_L3)
+    if (tier_id != TKV_TIER_L1 && tier_id != TKV_TIER_L2 && tier_id != TKV_TIER_L3)
         return TKV_EINVAL;
-    if (tier_id == TKV_TIER_L3 && !s->l3)
+    if ((tier_id == TKV_TIER_L3 && !s->l3) || (tier_id == TKV_TIER_L1 && !s->l1_ops))
         return TKV_EUNSUPPORTED;
-    int rc = tier_id == TKV_TIER_L2 ? evict_l2(s, keys, num_keys, &ev, &pin)
-                                    : evict_l3(s, keys, num_keys, &ev, &pin);
+    int rc = tier_id == TKV_TIER_L1   ? evict_l1(s, keys, num_keys, &ev, &pin)
+             : tier_id == TKV_TIER_L2 ? evict_l2(s, keys, num_keys, &ev, &pin)
+                                      : evict_l3(s, keys, num_keys, &ev, &pin);
     if (num_evicted)
         *num_evicted = ev;
     if (num_pinned)
@@ -2235,6 +2533,7 @@ static int list_one(void *arg, tkv_entry *e)
     b->parent = e->parent_key;
     b->depth = e->depth;
     b->state = e->state;
+    b->in_l1 = (e->resident & RES(TKV_TIER_L1)) != 0;
     b->in_l2 = (e->resident & RES(TKV_TIER_L2)) != 0;
     b->in_l3 = (e->resident & RES(TKV_TIER_L3)) != 0;
     b->pins = e->pins;
@@ -2269,7 +2568,7 @@ void tkv_store_get_stats(tkv_store *s, tkv_store_stats *out)
         tkv_l3_get_stats(s->l3, &l3st);
     lock(s);
     *out = s->st;
-    for (int t = TKV_TIER_L2; t < TKV_NUM_TIERS; t++) {
+    for (int t = TKV_TIER_L1; t < TKV_NUM_TIERS; t++) {
         out->blocks_tier[t] = s->tiers[t].num_blocks;
         out->bytes_tier[t] = s->tiers[t].num_blocks * s->block_bytes;
         /* 0 = tier off or unlimited */

@@ -43,6 +43,7 @@ typedef struct tkv_entry {
     uint32_t num_tokens;
     uint32_t *tokens;            /* kept until durable in L3 (needed by the L3 record) */
     uint64_t l2_slot;            /* valid when resident in L2 or WRITING */
+    uint64_t l1_slot;            /* valid when resident in L1 */
     uint64_t csum;               /* tkv_csum64 of the payload, when flags say it is known */
     uint64_t hits, last_access_ms;
     struct tkv_entry *q_next;    /* store-private queue link (write-back) */

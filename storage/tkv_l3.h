@@ -41,6 +41,9 @@ int tkv_l3_opts_set_segment_bytes(tkv_l3_opts *o, uint64_t n);   /* default 1 Gi
 int tkv_l3_opts_set_capacity_bytes(tkv_l3_opts *o, uint64_t n);  /* 0 = unlimited */
 int tkv_l3_opts_set_compact_dead_fraction(tkv_l3_opts *o, double f); /* default 0.5 */
 int tkv_l3_opts_set_max_block_bytes(tkv_l3_opts *o, size_t n);   /* required */
+/* Default on: a background thread runs tkv_l3_compact() whenever deletes push a segment over
+ * the dead fraction. Off: only explicit tkv_l3_compact() calls reclaim space. */
+int tkv_l3_opts_set_auto_compact(tkv_l3_opts *o, int on);
 
 /* Opens or creates the store in dir. TKV_EGEOMETRY if dir holds another fingerprint;
  * TKV_ECORRUPT / TKV_EIO with a log line otherwise. */

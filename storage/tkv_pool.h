@@ -40,6 +40,9 @@ uint64_t tkv_pool_num_free(tkv_pool *p);
 size_t tkv_pool_slot_bytes(const tkv_pool *p);
 size_t tkv_pool_slot_stride(const tkv_pool *p);
 int tkv_pool_fd(const tkv_pool *p);
+/* The same memory through a read-only file description (what untrusted clients receive:
+ * a writable shared mapping of it is refused by the kernel). */
+int tkv_pool_fd_readonly(const tkv_pool *p);
 uint64_t tkv_pool_bytes(const tkv_pool *p);   /* mapped length */
 void *tkv_pool_base(const tkv_pool *p);
 /* Slot memory; slot < num_slots (asserted). */

@@ -78,8 +78,10 @@ void tkv_store_close(tkv_store *s);
 
 /* ---- the L2 pool, for the attach socket --------------------------------------------------- */
 int tkv_store_l2_fd(const tkv_store *s);            /* the memfd; owned by the store */
+int tkv_store_l2_fd_readonly(const tkv_store *s);   /* read-only reopen of it, for clients */
 uint64_t tkv_store_l2_bytes(const tkv_store *s);    /* its mapped length */
 size_t tkv_store_block_bytes(const tkv_store *s);
+size_t tkv_store_l2_slot_stride(const tkv_store *s); /* bytes between L2 slots (page-rounded) */
 uint32_t tkv_store_block_tokens(const tkv_store *s);
 /* Direct pointer to L2 slot memory at offset (valid while the block is pinned). */
 void *tkv_store_l2_ptr(tkv_store *s, uint64_t offset);
@@ -88,7 +90,9 @@ void *tkv_store_l2_ptr(tkv_store *s, uint64_t offset);
 typedef struct tkv_block_loc {
     uint8_t tier;           /* fastest tier holding the block (TKV_TIER_*) */
     uint8_t in_l2, in_l3;   /* residency flags */
+    uint8_t in_l1;
     uint64_t l2_offset;     /* byte offset of the slot in the L2 pool, or TKV_NO_OFFSET */
+    uint64_t l1_offset;     /* byte offset in the L1 pool (tkv_l1_ops.offset), or TKV_NO_OFFSET */
 } tkv_block_loc;
 
 /* Longest prefix of READY blocks among keys[0..num_keys). When num_hit > 0 the hit blocks are
@@ -109,7 +113,9 @@ size_t tkv_store_release_owner(tkv_store *s, uint64_t owner);
 
 /* ---- prefetch: asynchronous promotion to a faster tier -------------------------------------- */
 typedef void (*tkv_done_fn)(void *arg, uint64_t ticket, int status);
-/* Promotes the lease's blocks to `tier` (TKV_TIER_L2; L1 where a GPU tier is attached).
+/* Promotes the lease's blocks to `tier` (TKV_TIER_L2; L1 where a GPU tier is attached:
+ * L3 -> L2 first where needed, then L2 -> L1 in one batch; each L2 copy's checksum is checked
+ * while its DMA runs and a mismatch drops the block from both tiers).
  * Returns at once with a ticket; done (may be NULL) runs on a worker thread when every block
  * has arrived or failed. A block that fails its checksum is dropped and reported (status
  * TKV_ECHECKSUM) and is not shown as present. done returns before the ticket completes, so
@@ -139,6 +145,13 @@ int tkv_store_put(tkv_store *s, const tkv_key *parent, const tkv_key *keys,
  * byte offsets in the L2 pool. TKV_EFULL if n slots cannot be freed. */
 int tkv_store_alloc(tkv_store *s, size_t n, uint64_t owner, uint64_t *alloc_id,
                     uint64_t *offsets);
+/* The same in a given tier: TKV_TIER_L2 as above, or TKV_TIER_L1 (offsets in the L1 pool;
+ * the engine writes the slots itself through its mapping, so tkv_store_alloc_write refuses
+ * them). Committing L1 slots also copies them down to L2 (checksummed there), so an L1
+ * block always has a copy a tier below while there is room; write-through continues from
+ * L2. TKV_EUNSUPPORTED when the store has no such tier. */
+int tkv_store_alloc_tier(tkv_store *s, int tier, size_t n, uint64_t owner, uint64_t *alloc_id,
+                         uint64_t *offsets);
 /* Writes src (block_bytes) into slot `index` of an allocation (for clients that cannot write
  * the pool themselves). */
 int tkv_store_alloc_write(tkv_store *s, uint64_t alloc_id, uint32_t index, const void *src);
@@ -164,7 +177,7 @@ typedef struct tkv_block_info {
     tkv_key parent;
     uint32_t depth;       /* position in its chain (0 = first block); best known */
     uint8_t state;        /* TKV_BLOCK_* */
-    uint8_t in_l2, in_l3;
+    uint8_t in_l2, in_l3, in_l1;
     uint32_t pins;
     uint64_t hits;
     uint64_t last_access_ms;

@@ -266,6 +266,37 @@ START_TEST(test_get_from_l3_by_value)
 }
 END_TEST
 
+START_TEST(test_cost_check)
+{
+    kvc_client *c;
+    ck_assert_int_eq(tkvt_connect(&g_d, 0, &c), KVC_OK);
+    const uint32_t nb = 6;
+    uint32_t tokens[6 * BT];
+    tkvt_tokens(507, tokens, nb * BT);
+    put_prompt(c, 507, nb, tokens);
+    ck_assert_int_eq(kvc_flush(c), KVC_OK);
+    ck_assert_int_eq(kvc_evict(c, KVC_TIER_L2, tokens, nb * BT, NULL, NULL), KVC_OK);
+    kvc_lease *l;
+    ck_assert_int_eq(kvc_lookup(c, tokens, nb * BT, 0, &l), KVC_OK);
+    ck_assert_uint_eq(kvc_lease_num_blocks(l), nb);
+    kvc_cost k;
+    /* all six blocks are in L3: restoring them to L2 costs time, far less than an hour */
+    ck_assert_msg(kvc_cost_check(c, l, 3600e3, KVC_TIER_L2, &k) == KVC_OK, "%s",
+                  kvc_last_error());
+    ck_assert_uint_eq(k.blocks_from_l3, nb);
+    ck_assert_uint_eq(k.blocks_in_tier + k.blocks_from_l2, 0);
+    ck_assert(k.restore_ms > 0 && k.restore_ms < 3600e3);
+    ck_assert_int_eq(k.use_cache, 1);
+    /* ... and more than a nanosecond of prefill */
+    ck_assert_int_eq(kvc_cost_check(c, l, 1e-6, KVC_TIER_L2, &k), KVC_OK);
+    ck_assert_int_eq(k.use_cache, 0);
+    ck_assert_int_eq(kvc_cost_check(c, l, 0, KVC_TIER_L2, &k), KVC_EINVAL);
+    ck_assert_int_eq(kvc_cost_check(c, l, 1, KVC_TIER_L3, &k), KVC_EINVAL);
+    kvc_release(c, l);
+    kvc_close(c);
+}
+END_TEST
+
 /* ---- a client that dies holding leases --------------------------------------------------- */
 
 static uint64_t leases_now(kvc_client *c)
@@ -285,21 +316,29 @@ START_TEST(test_sigkill_releases_leases)
     if (child == 0) {
         close(pfd[0]);
         kvc_client *c;
-        if (tkvt_connect(&g_d, 1, &c) != KVC_OK)
+        if (tkvt_connect(&g_d, 1, &c) != KVC_OK) {
+            fprintf(stderr, "child: connect: %s\n", kvc_last_error());
             _exit(1);
+        }
         uint32_t tokens[4 * BT];
         tkvt_tokens(606, tokens, 4 * BT);
         size_t bb = kvc_block_bytes(c);
         uint8_t *pay = malloc(4 * bb);
         for (uint32_t i = 0; i < 4; i++)
             tkvt_payload(606, i, pay + i * bb, bb);
-        if (kvc_put(c, tokens, 4 * BT, 0, pay, 4, NULL) != KVC_OK)
+        if (kvc_put(c, tokens, 4 * BT, 0, pay, 4, NULL) != KVC_OK) {
+            fprintf(stderr, "child: put: %s\n", kvc_last_error());
             _exit(2);
+        }
         /* 5 leases with a long TTL: only the disconnect can end them in time */
         for (int i = 0; i < 5; i++) {
             kvc_lease *l;
-            if (kvc_lookup(c, tokens, 4 * BT, 600000, &l) != KVC_OK || kvc_lease_num_blocks(l) != 4)
+            if (kvc_lookup(c, tokens, 4 * BT, 600000, &l) != KVC_OK) {
+                fprintf(stderr, "child: lookup: %s\n", kvc_last_error());
                 _exit(3);
+            }
+            if (kvc_lease_num_blocks(l) != 4)
+                _exit(5);
         }
         char ok = 'k';
         if (write(pfd[1], &ok, 1) != 1)
@@ -309,7 +348,12 @@ START_TEST(test_sigkill_releases_leases)
     }
     close(pfd[1]);
     char got = 0;
-    ck_assert_int_eq(read(pfd[0], &got, 1), 1);
+    if (read(pfd[0], &got, 1) != 1) {
+        int cst = 0;
+        waitpid(child, &cst, 0);
+        ck_abort_msg("the lease-holding child failed before it was ready (exit %d)",
+                     WIFEXITED(cst) ? WEXITSTATUS(cst) : -1);
+    }
     close(pfd[0]);
     ck_assert_int_eq(got, 'k');
 
@@ -401,7 +445,8 @@ START_TEST(test_errors)
     ck_assert_int_eq(kvc_prefetch(c, l, KVC_TIER_L3, NULL), KVC_EINVAL);
     kvc_release(c, l);
     ck_assert_int_eq(kvc_put(c, tokens, 2 * BT, 0, buf, 3, NULL), KVC_EINVAL); /* too few tokens */
-    ck_assert_int_eq(kvc_evict(c, KVC_TIER_L1, NULL, 0, NULL, NULL), KVC_EINVAL);
+    ck_assert_int_eq(kvc_evict(c, KVC_TIER_NONE, NULL, 0, NULL, NULL), KVC_EINVAL);
+    ck_assert_int_eq(kvc_evict(c, 9, NULL, 0, NULL, NULL), KVC_EINVAL);
     free(buf);
 
     kvc_health h;
@@ -473,6 +518,7 @@ static Suite *suite(void)
     tcase_add_test(t, test_alloc_write_commit);
     tcase_add_test(t, test_prefetch_from_l3_after_evict);
     tcase_add_test(t, test_get_from_l3_by_value);
+    tcase_add_test(t, test_cost_check);
     tcase_add_test(t, test_sigkill_releases_leases);
     tcase_add_test(t, test_errors);
     tcase_add_test(t, test_stats_blocks_verify);

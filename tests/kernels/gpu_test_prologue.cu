@@ -420,13 +420,14 @@ int main(int argc, char **argv)
            t.scale_diff);
     failures += t.failed != 0;
 
-    /* Prefill-sized calls: every items-per-warp variant of the kernel, the default included. */
+    /* Prefill-sized calls: every variant of the kernel (1, 2, 4 items per group, the persistent
+     * grid), the default choice included. */
     tally big = {};
-    const int variants[4] = {0, 1, 2, 4};
+    const int variants[5] = {0, 1, 2, 4, 8};
     for (int di = 0; di < 3; di++)
-        for (int v = 0; v < 4; v++)
+        for (int v = 0; v < 5; v++)
             for (int kv = 0; kv < 3; kv++) {
-                cfg c = {dims[di], 64, 32, 8, (v + kv) & 1, (v + di) % 3, (kv + di) & 1, kv,
+                cfg c = {dims[di], 64, 32, 8, (v + kv) & 1, (v + di) % 3, (kv + di + v) & 1, kv,
                          (v + di) & 1, 1140};
                 run_config(&b, &c, variants[v], &big, 1);
             }

@@ -23,7 +23,14 @@ static uint32_t float_to_bits(float f)
     return u;
 }
 
-/* The definition, by search: codes 0x00..0x7e are the non-negative finite values, ascending. */
+/* The definition, by search over the finite non-negative values 0x00..0x7e (ascending), which
+ * are built here from the format's definition (not with the decoder under test). */
+static double code_value(int c)
+{
+    int e = c >> 3, m = c & 7;
+    return e == 0 ? m * ldexp(1.0, -9) : (1.0 + m / 8.0) * ldexp(1.0, e - 7);
+}
+
 static uint8_t fp8_by_search(float x)
 {
     if (isnan(x))
@@ -32,19 +39,22 @@ static uint8_t fp8_by_search(float x)
     double a = fabs((double)x);
     if (a >= 448.0)
         return sign | 0x7e;
-    int lo = 0;
-    while (lo < 0x7e && (double)tkvk_fp8_to_float((uint8_t)(lo + 1)) <= a)
-        lo++;
-    if (lo == 0x7e)
-        return sign | 0x7e;
-    double vlo = tkvk_fp8_to_float((uint8_t)lo), vhi = tkvk_fp8_to_float((uint8_t)(lo + 1));
+    int lo = 0, hi = 0x7e; /* invariant: value(lo) <= a < value(hi) */
+    while (hi - lo > 1) {
+        int mid = (lo + hi) / 2;
+        if (code_value(mid) <= a)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    double vlo = code_value(lo), vhi = code_value(hi);
     int pick;
     if (a - vlo < vhi - a)
         pick = lo;
     else if (a - vlo > vhi - a)
-        pick = lo + 1;
+        pick = hi;
     else
-        pick = (lo & 1) ? lo + 1 : lo; /* tie: even mantissa */
+        pick = (lo & 1) ? hi : lo; /* tie: even mantissa */
     return (uint8_t)(sign | pick);
 }
 
@@ -66,6 +76,8 @@ START_TEST(fp8_all_codes_round_trip)
     ck_assert_float_eq(tkvk_fp8_to_float(0x01), 0.001953125f);    /* 2^-9 */
     ck_assert_float_eq(tkvk_fp8_to_float(0x38), 1.0f);
     ck_assert_float_eq(tkvk_fp8_to_float(0xb8), -1.0f);
+    for (int c = 0; c < 0x7f; c++)
+        ck_assert(tkvk_fp8_to_float((uint8_t)c) == (float)code_value(c));
 }
 END_TEST
 

@@ -515,14 +515,17 @@ static void ref_double(const fixture *f, int t, int h, double *x)
         }
     }
     if (p->hadamard) {
-        double y[256];
-        for (int i = 0; i < d; i++) {
-            double s = 0;
-            for (int j = 0; j < d; j++)
-                s += (__builtin_popcount((unsigned)(i & j)) & 1 ? -x[j] : x[j]);
-            y[i] = s / sqrt(d);
-        }
-        memcpy(x, y, sizeof(double) * d);
+        /* Walsh-Hadamard in double: the butterflies, then 1/sqrt(d) (H's entries are
+         * +-1/sqrt(d); hadamard_is_orthonormal_and_involutive checks them one by one). */
+        for (int h = 1; h < d; h *= 2)
+            for (int i = 0; i < d; i++)
+                if (!(i & h)) {
+                    double a = x[i], b = x[i + h];
+                    x[i] = a + b;
+                    x[i + h] = a - b;
+                }
+        for (int i = 0; i < d; i++)
+            x[i] /= sqrt(d);
     }
 }
 
@@ -547,13 +550,15 @@ START_TEST(sweep_against_double_reference)
 {
     const int dims[3] = {64, 128, 256}, groups[3] = {1, 3, 16};
     int configs = 0;
+    /* Every combination of head dim, group, RoPE style, norm mode and Hadamard; the KV scale
+     * mode and the Q dtype cycle through theirs along the way (each meets every head dim,
+     * group and mode). Kept small: this suite also runs under ASan in CI. */
     for (int di = 0; di < 3; di++)
         for (int gi = 0; gi < 3; gi++)
             for (int rs = 0; rs < 2; rs++)
                 for (int nm = 0; nm < 3; nm++)
-                    for (int had = 0; had < 2; had++)
-                        for (int sm = 0; sm < 3; sm++)
-                            for (int qd = 0; qd < 2; qd++) {
+                    for (int had = 0; had < 2; had++) {
+                                int sm = configs % 3, qd = (configs / 3 + di) % 2;
                                 int d = dims[di], hkv = gi == 2 ? 1 : 2, hq = hkv * groups[gi];
                                 int kv_dtype = sm == 2 ? TKVK_DTYPE_BF16 : TKVK_DTYPE_FP8_E4M3;
                                 int smode = sm == 1 ? TKVK_SCALE_PER_TOKEN_HEAD : TKVK_SCALE_PER_TENSOR;
@@ -604,7 +609,7 @@ START_TEST(sweep_against_double_reference)
                                 fx_free(&f);
                                 configs++;
                             }
-    ck_assert_int_eq(configs, 3 * 3 * 2 * 3 * 2 * 3 * 2);
+    ck_assert_int_eq(configs, 3 * 3 * 2 * 3 * 2);
 }
 END_TEST
 

@@ -91,6 +91,7 @@ int main(int argc, char **argv)
     if (strcmp(argv[3], "store") == 0)
         return via_store(argv[1], round);
     int mode = strcmp(argv[3], "uring") == 0 ? TKV_IO_URING : TKV_IO_PSYNC;
+    tu_auto_compact = 1; /* the background compactor runs too, and gets killed mid-way */
     tkv_l3 *l3 = NULL;
     int rc = tu_l3_open(argv[1], mode, 1, CRASH_MAX_BLOCK, 256 * 1024, 1, &l3);
     if (rc != TKV_OK) {

@@ -94,6 +94,10 @@ static inline void tu_fingerprint(uint8_t fp[TKV_KEY_BYTES], uint8_t tag)
         fp[i] = (uint8_t)(tag * 17 + i);
 }
 
+/* Background compaction in stores opened by tu_l3_open: off by default, so tests that count
+ * compactions or check reclaimed bytes see only their own; a program may switch it on. */
+static int tu_auto_compact = 0;
+
 /* Opens an L3 store with the common test settings. */
 static inline int tu_l3_open(const char *dir, int io_mode, int level, size_t max_block,
                              uint64_t segment_bytes, uint8_t fp_tag, tkv_l3 **out)
@@ -106,6 +110,7 @@ static inline int tu_l3_open(const char *dir, int io_mode, int level, size_t max
     tkv_l3_opts_set_zstd_level(o, level);
     tkv_l3_opts_set_io_mode(o, io_mode);
     tkv_l3_opts_set_queue_depth(o, 8);
+    tkv_l3_opts_set_auto_compact(o, tu_auto_compact);
     if (segment_bytes)
         tkv_l3_opts_set_segment_bytes(o, segment_bytes);
     int rc = tkv_l3_open(dir, o, out);

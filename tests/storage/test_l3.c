@@ -161,6 +161,7 @@ START_TEST(test_capacity)
     tkv_l3_opts_set_io_mode(o, g_io_mode);
     tkv_l3_opts_set_zstd_level(o, 0);
     tkv_l3_opts_set_capacity_bytes(o, 4 * BLK);
+    tkv_l3_opts_set_auto_compact(o, 0); /* the test compacts itself, at a known moment */
     tkv_l3 *l3 = NULL;
     ck_assert_int_eq(tkv_l3_open(g_dir, o, &l3), TKV_OK);
     tkv_l3_opts_free(o);
@@ -424,7 +425,7 @@ END_TEST
 
 typedef struct reader_arg {
     tkv_l3 *l3;
-    volatile int stop;
+    int stop; /* atomic */
     const uint8_t *live; /* by id: 1 = must read back exactly */
     size_t n;
     size_t reads, bad;
@@ -435,7 +436,7 @@ static void *reader_main(void *p)
     reader_arg *a = p;
     uint8_t *want = malloc(BLK), *got = malloc(BLK);
     uint64_t i = 0;
-    while (!a->stop) {
+    while (!__atomic_load_n(&a->stop, __ATOMIC_ACQUIRE)) {
         uint64_t id = i++ % a->n;
         if (!a->live[id])
             continue;
@@ -482,7 +483,7 @@ START_TEST(test_compaction)
     ck_assert_int_eq(tkv_l3_compact(l3, &reclaimed), TKV_OK);
     usleep(20000);
     for (int t = 0; t < 2; t++) {
-        ra[t].stop = 1;
+        __atomic_store_n(&ra[t].stop, 1, __ATOMIC_RELEASE);
         pthread_join(th[t], NULL);
         ck_assert_uint_eq(ra[t].bad, 0);
         ck_assert_uint_gt(ra[t].reads, 0);
@@ -510,6 +511,35 @@ START_TEST(test_compaction)
         ck_assert_int_eq(check_block(l3, i, BLK, 0), live[i] ? TKV_OK : TKV_ENOTFOUND);
     tkv_l3_get_stats(l3, &st);
     ck_assert_uint_le(st.disk_bytes, (uint64_t)(N / 4 + 4) * BLK);
+    tkv_l3_close(l3);
+}
+END_TEST
+
+START_TEST(test_auto_compaction)
+{
+    enum { N = 24 };
+    tu_auto_compact = 1;
+    tkv_l3 *l3 = open_ok(0, 4 * BLK);
+    tu_auto_compact = 0;
+    put_range(l3, 0, N, BLK, 0);
+    tkv_key dead[N];
+    size_t num_dead = 0;
+    for (uint64_t i = 0; i < N; i++)
+        if (i % 4 != 0)
+            tu_key(&dead[num_dead++], 1, i);
+    ck_assert_int_eq(tkv_l3_delete(l3, dead, num_dead), TKV_OK);
+    /* the compactor runs on its own thread: wait for it (bounded) */
+    tkv_l3_stats st;
+    for (int tries = 0; tries < 500; tries++) {
+        tkv_l3_get_stats(l3, &st);
+        if (st.compactions > 0 && st.disk_bytes <= (uint64_t)(N / 4) * BLK)
+            break;
+        usleep(10000);
+    }
+    ck_assert_uint_ge(st.compactions, 1);
+    ck_assert_uint_le(st.disk_bytes, (uint64_t)(N / 4) * BLK);
+    for (uint64_t i = 0; i < N; i++)
+        ck_assert_int_eq(check_block(l3, i, BLK, 0), i % 4 == 0 ? TKV_OK : TKV_ENOTFOUND);
     tkv_l3_close(l3);
 }
 END_TEST
@@ -615,6 +645,7 @@ static Suite *l3_suite(void)
     tcase_add_test(tc, test_tail_truncation);
     tcase_add_test(tc, test_fingerprint_mismatch);
     tcase_add_test(tc, test_compaction);
+    tcase_add_test(tc, test_auto_compaction);
     tcase_add_test(tc, test_concurrent);
     suite_add_tcase(s, tc);
     return s;

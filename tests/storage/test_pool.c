@@ -57,6 +57,27 @@ START_TEST(create_validates_and_seals)
 }
 END_TEST
 
+/* Clients get the read-only descriptor: it maps for reading and sees the daemon's writes, but
+ * the kernel refuses a writable shared mapping of it. */
+START_TEST(readonly_descriptor_refuses_writable_mapping)
+{
+    tkv_pool *p = NULL;
+    ck_assert_int_eq(tkv_pool_create("test-ro", 4096, 4, &p), TKV_OK);
+    int ro = tkv_pool_fd_readonly(p);
+    ck_assert_int_ge(ro, 0);
+    ck_assert_int_ne(ro, tkv_pool_fd(p));
+    size_t bytes = tkv_pool_bytes(p);
+    void *w = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, ro, 0);
+    ck_assert_msg(w == MAP_FAILED, "writable mapping of the read-only descriptor succeeded");
+    const unsigned char *r = mmap(NULL, bytes, PROT_READ, MAP_SHARED, ro, 0);
+    ck_assert(r != MAP_FAILED);
+    memset(tkv_pool_slot_ptr(p, 1), 0xab, 4096);
+    ck_assert_int_eq(r[4096], 0xab);
+    munmap((void *)r, bytes);
+    tkv_pool_destroy(p);
+}
+END_TEST
+
 START_TEST(alloc_all_free_all)
 {
     tkv_pool *p;
@@ -168,6 +189,7 @@ int main(void)
     Suite *s = suite_create("pool");
     TCase *tc = tcase_create("pool");
     tcase_add_test(tc, create_validates_and_seals);
+    tcase_add_test(tc, readonly_descriptor_refuses_writable_mapping);
     tcase_add_test(tc, alloc_all_free_all);
     tcase_add_test(tc, random_churn_stays_consistent);
     tcase_add_test(tc, threads_never_share_a_slot);

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""flashinfer_decode.py - the peer for bench/decode_bench: FlashInfer's paged decode
+(BatchDecodeWithPagedKVCacheWrapper) with FP8 KV on the same shapes, timed by the same method.
+
+Same cases, head dims, page size and KV bytes as decode_bench (head dim 128, 64 tokens per page,
+FP8 e4m3 K/V with per-tensor scales, Hq/Hkv 8/1 and 64/8). FlashInfer's layout differs from
+tierkv's (separate K and V caches, NHD), so the KV is built in its layout once, outside the
+timing, with random finite e4m3 bytes. Q is BF16: FlashInfer's decode takes no FP8 Q with
+per-token-head scales. Its decode wrapper serves one query token per request, so query length
+4 rows are written with flashinfer_us null.
+
+Method (decode_bench's): plan() outside the timing; one run() captured in a CUDA graph; 5 warm-up
+replays; 50 replays each between its own CUDA events; the median.
+
+Usage: python3 bench/flashinfer_decode.py [--out FILE]   (JSON list; feed it to
+decode_bench --peer FILE). Exit 77 when flashinfer or a GPU is missing.
+"""
+import argparse
+import json
+import statistics
+import sys
+
+CASES = [
+    ("64x512", [(64, 512)]),
+    ("64x4096", [(64, 4096)]),
+    ("32x128+32x4096", [(32, 128), (32, 4096)]),
+    ("15x64+1x16384", [(15, 64), (1, 16384)]),
+    ("1x65536+7x4096", [(1, 65536), (7, 4096)]),
+    ("1x65536+15x4096", [(1, 65536), (15, 4096)]),
+    ("1x65536+31x4096", [(1, 65536), (31, 4096)]),
+    ("1x131072+31x4096", [(1, 131072), (31, 4096)]),
+    ("2x32768+30x4096", [(2, 32768), (30, 4096)]),
+]
+HEADS = [(8, 1), (64, 8)]
+HEAD_DIM = 128
+PAGE = 64
+
+
+def time_graph(graph, torch, reps=50, warm=5):
+    for _ in range(warm):
+        graph.replay()
+    times = []
+    for _ in range(reps):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000.0)
+    return statistics.median(times)
+
+
+def run_case(flashinfer, torch, parts, hq, hkv):
+    lens = [n for count, n in parts for _ in range(count)]
+    pages = [(n + PAGE - 1) // PAGE for n in lens]
+    total_pages = sum(pages)
+    dev = "cuda"
+    # random finite e4m3 codes (exponent field < 15, as decode_bench), in FlashInfer's NHD layout
+    raw = torch.randint(0, 256, (2, total_pages, PAGE, hkv, HEAD_DIM), dtype=torch.uint8, device=dev)
+    raw &= 0xF7
+    k_cache = raw[0].view(torch.float8_e4m3fn)
+    v_cache = raw[1].view(torch.float8_e4m3fn)
+    perm = torch.randperm(total_pages, device=dev, dtype=torch.int32)
+    indptr = torch.zeros(len(lens) + 1, dtype=torch.int32, device=dev)
+    indptr[1:] = torch.cumsum(torch.tensor(pages, dtype=torch.int32, device=dev), 0)
+    last = torch.tensor([(n - 1) % PAGE + 1 for n in lens], dtype=torch.int32, device=dev)
+    q = (torch.randn(len(lens), hq, HEAD_DIM, device=dev) * 0.5).to(torch.bfloat16)
+    workspace = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        workspace, "NHD", use_cuda_graph=True,
+        paged_kv_indptr_buffer=indptr, paged_kv_indices_buffer=perm,
+        paged_kv_last_page_len_buffer=last)
+    wrapper.plan(indptr, perm, last, hq, hkv, HEAD_DIM, PAGE, pos_encoding_mode="NONE",
+                 q_data_type=torch.bfloat16, kv_data_type=torch.float8_e4m3fn)
+    out = wrapper.run(q, (k_cache, v_cache), k_scale=0.02, v_scale=0.03)  # JIT/warm outside
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        wrapper.run(q, (k_cache, v_cache), k_scale=0.02, v_scale=0.03, out=out)
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            wrapper.run(q, (k_cache, v_cache), k_scale=0.02, v_scale=0.03, out=out)
+    torch.cuda.synchronize()
+    return time_graph(graph, torch)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="-")
+    args = ap.parse_args()
+    try:
+        import torch
+        import flashinfer
+    except ImportError as e:
+        print(f"flashinfer_decode: {e}; skipped", file=sys.stderr)
+        return 77
+    if not torch.cuda.is_available():
+        print("flashinfer_decode: no GPU; skipped", file=sys.stderr)
+        return 77
+    rows = []
+    for q_len in (1, 4):
+        for hq, hkv in HEADS:
+            for name, parts in CASES:
+                us = None
+                if q_len == 1:
+                    try:
+                        us = run_case(flashinfer, torch, parts, hq, hkv)
+                    except Exception as e:  # a shape FlashInfer refuses: recorded as null
+                        print(f"flashinfer_decode: {name} {hq}/{hkv}: {e}", file=sys.stderr)
+                rows.append({"case": name, "hq": hq, "hkv": hkv, "q_len": q_len,
+                             "flashinfer_us": None if us is None else round(us, 2)})
+                print(f"{name:18s} {hq}/{hkv} q{q_len} "
+                      f"{'null' if us is None else '%.1f' % us}", file=sys.stderr)
+    text = "[\n" + ",\n".join("  " + json.dumps(r) for r in rows) + "\n]\n"
+    if args.out == "-":
+        sys.stdout.write(text)
+    else:
+        with open(args.out, "w") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
