@@ -1,5 +1,5 @@
 # rpc_bench: lookup round trip and lookups/s over the UNIX socket against redis-server GET, and
-# get bandwidth through the mapped L2 pool against memcpy (docs/perf-service.md).
+# get bandwidth through the mapped L2 pool against memcpy (docs/perf.md).
 if(TARGET kvclient AND TARGET tierkvd)
   add_executable(rpc_bench ${CMAKE_CURRENT_SOURCE_DIR}/rpc_bench.c)
   target_include_directories(rpc_bench PRIVATE ${CMAKE_SOURCE_DIR}/tests/client)

@@ -1,5 +1,5 @@
 /* tkvd_service.h - the tierkv.v1.Cache handlers: validate each request, call the store, map
- * its errors to gRPC statuses with a one-line message (docs/design-daemon.md has the table).
+ * its errors to gRPC statuses with a one-line message (docs/design.md has the table).
  *
  * Keys are derived here from tokens (root salted with the namespace, then the chain), never
  * taken from clients. Every handler is thread-safe; the ones marked blocking in the method

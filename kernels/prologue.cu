@@ -459,7 +459,7 @@ template <int LH> int launch_d(PrologueArgs &a, cudaStream_t stream, int items_p
 {
     switch (items_per_group) {
     case 0:
-        /* Measured on an H200 (docs/perf-kernels-prologue.md). Small calls: one item per
+        /* Measured on an H200 (docs/perf.md). Small calls: one item per
          * group (pure latency; the others are no faster). From ~300K items: the persistent
          * grid when every warp's groups hold heads of one kind (heads per token a multiple of
          * the groups per warp; 64/8 heads, 65536 tokens: 650 us against 752 with two items

@@ -1,5 +1,5 @@
 /* keys.c - geometry validation, block size, fingerprint and the SHA-256 key chain
- * (see tkv_keys.h for the formulas; test vectors in docs/design-storage.md). */
+ * (see tkv_keys.h for the formulas; test vectors in docs/design.md). */
 #include "tkv_keys.h"
 
 #include "tkv_base.h"

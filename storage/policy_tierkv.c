@@ -1,6 +1,6 @@
 /* policy_tierkv.c - "tierkv": the project's prefix-aware eviction policy (see tkv_policy.h).
  *
- * The idea (measurements, and the alternatives that lost: docs/design-policy.md):
+ * The idea (measurements, and the alternatives that lost: docs/design.md):
  *
  *   1. Rank by recency plus earned life:
  *        priority(e) = last_access_tick(e) + bonus_ticks * min(hits(e), kMaxLevel)
@@ -258,7 +258,7 @@ static void record_exit(tierkv_state *st, const tkv_policy_entry *e, bool hit)
  * reached age b earns per tick of the rest of its stay; density = the same from age 0, what a
  * newcomer earns. The whole remaining stay counts, not the next bucket only: the single-bucket
  * rate at the horizon rests on few samples and flipped the decision back and forth (measured
- * worse than LRU at one capacity, docs/design-policy.md). Then the counts decay. NB_AGE steps
+ * worse than LRU at one capacity, docs/design.md). Then the counts decay. NB_AGE steps
  * per bucket_ticks / 2 ticks: O(1) amortised. */
 static void learn(tierkv_state *st)
 {

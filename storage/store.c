@@ -570,6 +570,34 @@ static void help_writeback(tkv_store *s)
     unlock(s);
 }
 
+/* idx_lock (write) + mu held, and held again on return: takes `want` slots of tier t (L1 or
+ * L2) into slots[]. When only pending demotions stand in the way, drops the locks, helps the
+ * write-back along and retries, until RESERVE_DEADLINE_NS. *got = slots taken (the first of
+ * slots[]). TKV_OK when all were taken, TKV_ECLOSED when the store is closing, else
+ * TKV_EFULL. */
+static int reserve_slots(tkv_store *s, int t, size_t want, uint64_t *slots, size_t *got)
+{
+    uint64_t deadline = tkv_now_ns() + RESERVE_DEADLINE_NS;
+    *got = 0;
+    for (;;) {
+        if (s->closing)
+            return TKV_ECLOSED;
+        size_t more = 0;
+        int rc = t == TKV_TIER_L1 ? l1_reserve(s, want - *got, slots + *got, &more)
+                                  : l2_reserve(s, want - *got, slots + *got, &more);
+        *got += more;
+        if (rc == TKV_OK)
+            return TKV_OK;
+        if (rc != RESERVE_WAIT || tkv_now_ns() > deadline)
+            return TKV_EFULL;
+        unlock(s);
+        idx_unlock(s);
+        help_writeback(s);
+        wr_lock(s);
+        lock(s);
+    }
+}
+
 /* ============================================================================================
  * Open / close
  * ========================================================================================== */
@@ -1106,7 +1134,6 @@ static int put_chunk(tkv_store *s, const tkv_key *parent, const tkv_key *keys,
 {
     int rc = TKV_OK;
     size_t m = 0, got = 0, dup = 0, rejected = 0;
-    uint64_t deadline = tkv_now_ns() + RESERVE_DEADLINE_NS;
 
     wr_lock(s);
     lock(s);
@@ -1139,19 +1166,8 @@ static int put_chunk(tkv_store *s, const tkv_key *parent, const tkv_key *keys,
         idx[m] = i;
         m++;
     }
-    for (;;) {
-        size_t more = 0;
-        rc = l2_reserve(s, m - got, slots + got, &more);
-        got += more;
-        if (rc != RESERVE_WAIT || tkv_now_ns() > deadline)
-            break;
-        /* Demotions pending: let them run with our WRITING entries still claiming the keys. */
-        unlock(s);
-        idx_unlock(s);
-        help_writeback(s);
-        wr_lock(s);
-        lock(s);
-    }
+    /* While demotions make room, our WRITING entries keep claiming their keys. */
+    reserve_slots(s, TKV_TIER_L2, m, slots, &got);
     rc = TKV_OK;
     /* Blocks that found no slot are not stored (the prefix of the chunk is kept). */
     for (size_t j = got; j < m; j++) {
@@ -1261,27 +1277,9 @@ int tkv_store_alloc_tier(tkv_store *s, int tier_id, size_t n, uint64_t owner,
         return TKV_EFULL;
     uint64_t *slots = tkv_xmalloc(n * sizeof(*slots));
     size_t got = 0;
-    int rc;
-    uint64_t deadline = tkv_now_ns() + RESERVE_DEADLINE_NS;
     wr_lock(s);
     lock(s);
-    for (;;) {
-        if (s->closing) {
-            rc = TKV_ECLOSED;
-            break;
-        }
-        size_t more = 0;
-        rc = tier_id == TKV_TIER_L1 ? l1_reserve(s, n - got, slots + got, &more)
-                                    : l2_reserve(s, n - got, slots + got, &more);
-        got += more;
-        if (rc != RESERVE_WAIT || tkv_now_ns() > deadline)
-            break;
-        unlock(s);
-        idx_unlock(s);
-        help_writeback(s);
-        wr_lock(s);
-        lock(s);
-    }
+    int rc = reserve_slots(s, tier_id, n, slots, &got);
     if (rc == TKV_OK) {
         alloc_rec *a = tkv_xcalloc(1, sizeof(*a));
         a->id = s->next_alloc_id++;
@@ -1347,21 +1345,9 @@ static size_t l1_copy_down(tkv_store *s, const uint64_t *l1slots, size_t n, uint
 {
     uint64_t *slots = tkv_xmalloc((n ? n : 1) * sizeof(*slots));
     size_t got = 0;
-    uint64_t deadline = tkv_now_ns() + RESERVE_DEADLINE_NS;
     wr_lock(s);
     lock(s);
-    while (!s->closing) {
-        size_t more = 0;
-        int rc = l2_reserve(s, n - got, slots + got, &more);
-        got += more;
-        if (rc != RESERVE_WAIT || tkv_now_ns() > deadline)
-            break;
-        unlock(s);
-        idx_unlock(s);
-        help_writeback(s);
-        wr_lock(s);
-        lock(s);
-    }
+    reserve_slots(s, TKV_TIER_L2, n, slots, &got); /* a prefix is enough */
     unlock(s);
     idx_unlock(s);
     if (got) {
@@ -1847,21 +1833,9 @@ static void run_prefetch(tkv_store *s, prefetch_job *j)
     uint64_t *csums = tkv_xcalloc(n ? n : 1, sizeof(*csums));
 
     if (n) {
-        uint64_t deadline = tkv_now_ns() + RESERVE_DEADLINE_NS;
         wr_lock(s);
         lock(s);
-        for (;;) {
-            size_t more = 0;
-            int rc = l2_reserve(s, n - got, slots + got, &more);
-            got += more;
-            if (rc != RESERVE_WAIT || tkv_now_ns() > deadline)
-                break;
-            unlock(s);
-            idx_unlock(s);
-            help_writeback(s);
-            wr_lock(s);
-            lock(s);
-        }
+        reserve_slots(s, TKV_TIER_L2, n, slots, &got); /* blocks without a slot fail EFULL */
         unlock(s);
         idx_unlock(s);
     }

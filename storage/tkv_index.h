@@ -8,7 +8,7 @@
  *   state mu  the store's mutex for every mutable entry field (state, residency, pins, tier
  *             policy entries) and for the lease table. Taken after idx_lock, never before.
  * The index itself takes no locks, so lookups from many threads run in parallel under the read
- * lock; see docs/design-storage.md for why the pin step is one short critical section.
+ * lock; see docs/design.md for why the pin step is one short critical section.
  *
  * Chain structure: each entry knows its parent key. When the parent entry is indexed the two
  * are linked (entry->parent, parent's children list); otherwise the entry waits in the orphan

@@ -1,5 +1,5 @@
 /* test_keys.c - geometry validation, block size, and the key chain's published test vectors
- * (the same vectors are in docs/design-storage.md, "Key test vectors"; they were cross-checked
+ * (the same vectors are in docs/design.md, "Key test vectors"; they were cross-checked
  * against an independent SHA-256 of the documented byte strings). */
 #include <check.h>
 #include <stdio.h>
