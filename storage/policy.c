@@ -53,22 +53,6 @@ typedef struct lru_state {
     tkv_policy_entry lists[LRU_NUM_LISTS]; /* sentinels: next = hottest, prev = coldest */
 } lru_state;
 
-static void list_init(tkv_policy_entry *head) { head->next = head->prev = head; }
-
-static void list_unlink(tkv_policy_entry *e)
-{
-    e->prev->next = e->next;
-    e->next->prev = e->prev;
-    e->prev = e->next = NULL;
-}
-
-static void list_push_hot(tkv_policy_entry *head, tkv_policy_entry *e)
-{
-    e->next = head->next;
-    e->prev = head;
-    head->next->prev = e;
-    head->next = e;
-}
 
 static void list_push_cold(tkv_policy_entry *head, tkv_policy_entry *e)
 {
@@ -92,7 +76,7 @@ static void *lru_create(uint64_t capacity)
     lru_state *st = tkv_xcalloc(1, sizeof(*st));
     st->capacity = capacity;
     for (int i = 0; i < LRU_NUM_LISTS; i++)
-        list_init(&st->lists[i]);
+        tkv_plist_init(&st->lists[i]);
     return st;
 }
 
@@ -109,7 +93,7 @@ static void lru_inserted(void *state, tkv_policy_entry *e, uint64_t now_ns)
     int c = lru_class(e);
     e->p_u64[0] = now_ns;
     e->p_u64[1] = (uint64_t)c;
-    list_push_hot(&st->lists[c], e);
+    tkv_plist_push_hot(&st->lists[c], e);
 }
 
 static void lru_accessed(void *state, tkv_policy_entry *e, uint64_t now_ns)
@@ -120,11 +104,11 @@ static void lru_accessed(void *state, tkv_policy_entry *e, uint64_t now_ns)
      * unpinned), and a lookup pins before it touches: skip the relink there. */
     if (e->p_u64[1] == LRU_PINNED)
         return;
-    list_unlink(e);
-    list_push_hot(&st->lists[e->p_u64[1]], e);
+    tkv_plist_unlink(e);
+    tkv_plist_push_hot(&st->lists[e->p_u64[1]], e);
 }
 
-static void lru_removed(void *state, tkv_policy_entry *e) { list_unlink(e); }
+static void lru_removed(void *state, tkv_policy_entry *e) { tkv_plist_unlink(e); }
 
 static void lru_changed(void *state, tkv_policy_entry *e)
 {
@@ -132,12 +116,12 @@ static void lru_changed(void *state, tkv_policy_entry *e)
     int old = (int)e->p_u64[1], c = lru_class(e);
     if (old == c)
         return;
-    list_unlink(e);
+    tkv_plist_unlink(e);
     e->p_u64[1] = (uint64_t)c;
     if (c == LRU_TAILS && old == LRU_INTERIOR)
         list_push_cold(&st->lists[c], e);
     else
-        list_push_hot(&st->lists[c], e);
+        tkv_plist_push_hot(&st->lists[c], e);
 }
 
 static tkv_policy_entry *lru_victim(void *state)

@@ -152,22 +152,6 @@ static uint64_t priority(const tierkv_state *st, const tkv_policy_entry *e)
 }
 
 /* ---- lists -------------------------------------------------------------------------------- */
-static void list_init(tkv_policy_entry *head) { head->next = head->prev = head; }
-
-static void list_unlink(tkv_policy_entry *e)
-{
-    e->prev->next = e->next;
-    e->next->prev = e->prev;
-    e->prev = e->next = NULL;
-}
-
-static void list_push_hot(tkv_policy_entry *head, tkv_policy_entry *e)
-{
-    e->next = head->next;
-    e->prev = head;
-    head->next->prev = e;
-    head->next = e;
-}
 
 /* Puts e into `head` where its tick belongs, so every list stays sorted by tick (victim()
  * compares only cold ends). The walk starts at the end e is expected near and is bounded by
@@ -207,11 +191,11 @@ static void refile(tierkv_state *st, tkv_policy_entry *e)
     unsigned now = list_of(e);
     if (now == list_idx(e))
         return;
-    list_unlink(e);
+    tkv_plist_unlink(e);
     set_list(e, now);
     tkv_policy_entry *head = &st->lists[now];
     if (now == LIST_DEAD || now == LIST_PINNED) {
-        list_push_hot(head, e); /* order does not matter there */
+        tkv_plist_push_hot(head, e); /* order does not matter there */
         return;
     }
     bool from_cold = false;
@@ -297,7 +281,7 @@ static void *tierkv_create(uint64_t capacity)
         st->bucket_ticks = 1;
     st->next_learn = st->bucket_ticks;
     for (int i = 0; i < NUM_LISTS; i++)
-        list_init(&st->lists[i]);
+        tkv_plist_init(&st->lists[i]);
     return st;
 }
 
@@ -373,7 +357,7 @@ static void tierkv_inserted(void *state, tkv_policy_entry *e, uint64_t now_ns)
             e->p_u64[1] |= F_CONT;
     }
     set_list(e, list_of(e));
-    list_push_hot(&st->lists[list_idx(e)], e);
+    tkv_plist_push_hot(&st->lists[list_idx(e)], e);
     learn(st);
 }
 
@@ -385,9 +369,9 @@ static void tierkv_accessed(void *state, tkv_policy_entry *e, uint64_t now_ns)
     e->p_u64[0] = ++st->tick;
     e->p_u64[1] &= ~F_DEAD; /* hit after all: alive */
     set_hits(e, hits_of(e) + 1);
-    list_unlink(e);
+    tkv_plist_unlink(e);
     set_list(e, list_of(e));
-    list_push_hot(&st->lists[list_idx(e)], e);
+    tkv_plist_push_hot(&st->lists[list_idx(e)], e);
     learn(st);
 }
 
@@ -397,7 +381,7 @@ static void tierkv_removed(void *state, tkv_policy_entry *e)
     if (is_probation(e))
         record_exit(st, e, false);
     st->count--;
-    list_unlink(e);
+    tkv_plist_unlink(e);
     if (e->parent && newest_child(e->parent) == e)
         e->parent->p_u64[2] = 0;
 }

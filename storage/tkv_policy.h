@@ -14,6 +14,7 @@
 #define TKV_POLICY_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -48,6 +49,25 @@ typedef struct tkv_policy_ops {
     /* Next block to evict (see the contract above); NULL if every entry is pinned. */
     tkv_policy_entry *(*victim)(void *state);
 } tkv_policy_ops;
+
+/* Intrusive circular lists over the policy-owned prev/next links, with a sentinel head
+ * (head->next = hottest, head->prev = coldest), for policies that keep recency lists. */
+static inline void tkv_plist_init(tkv_policy_entry *head) { head->next = head->prev = head; }
+
+static inline void tkv_plist_unlink(tkv_policy_entry *e)
+{
+    e->prev->next = e->next;
+    e->next->prev = e->prev;
+    e->prev = e->next = NULL;
+}
+
+static inline void tkv_plist_push_hot(tkv_policy_entry *head, tkv_policy_entry *e)
+{
+    e->next = head->next;
+    e->prev = head;
+    head->next->prev = e;
+    head->next = e;
+}
 
 /* Registered policies by name ("lru", "tierkv"); NULL if unknown. */
 const tkv_policy_ops *tkv_policy_find(const char *name);
