@@ -144,12 +144,23 @@ def run():
     check(r.num_hit_blocks == 7 and all(b.tier == TIER_L3 and not b.in_l2 for b in r.blocks),
           f"lookup after evict: {r}")
     lease = r.lease_id
+    # CostCheck: every block must come up from L3 (no GPU tier here: the target is L2).
+    r = s.CostCheck(pb.CostCheckRequest(lease_id=lease, prefill_ms=1e6), timeout=5)
+    check(r.blocks_from_l3 == 7 and r.blocks_in_tier == 0 and r.restore_ms > 0 and r.use_cache,
+          f"cost check, blocks in L3: {r}")
+    r = s.CostCheck(pb.CostCheckRequest(lease_id=lease, prefill_ms=r.restore_ms / 2), timeout=5)
+    check(not r.use_cache, f"cost check, prefill cheaper than the restore: {r}")
+    expect_status(lambda: s.CostCheck(pb.CostCheckRequest(lease_id=lease, prefill_ms=-1),
+                                      timeout=5), SC.INVALID_ARGUMENT, "prefill_ms",
+                  "cost check with a negative prefill estimate")
     r = s.Get(pb.GetRequest(lease_id=lease), timeout=10)  # read from L3
     check(list(r.blocks) == blocks + new_blocks, "get from L3 differs")
     r = s.Prefetch(pb.PrefetchRequest(lease_id=lease, tier=TIER_L2, wait=True), timeout=15)
     check(r.done and all(b.in_l2 for b in r.blocks), f"prefetch from L3: {r}")
     r = s.Get(pb.GetRequest(lease_id=lease, first=6, count=1), timeout=10)
     check(r.blocks[0] == new_blocks[1], "get after promotion differs")
+    r = s.CostCheck(pb.CostCheckRequest(lease_id=lease, prefill_ms=1.0), timeout=5)
+    check(r.blocks_in_tier == 7 and r.restore_ms == 0 and r.use_cache, f"cost check in L2: {r}")
     # Evicting one prompt's blocks by tokens.
     s.Release(pb.ReleaseRequest(lease_id=lease), timeout=5)
     r = s.Evict(pb.EvictRequest(tier=TIER_L2, scope=scope(), tokens=tokens7[:2 * P]), timeout=30)
