@@ -37,3 +37,34 @@ set_tests_properties(bench_trace_replay_no_valid PROPERTIES WILL_FAIL TRUE)
 # (O(1) per operation shows as a flat line).
 add_executable(policy_bench ${CMAKE_CURRENT_SOURCE_DIR}/policy_bench.c)
 target_link_libraries(policy_bench PRIVATE tkv_storage)
+
+# --fast must model the store faithfully (same granularity, chunks and call order), so a
+# policy tuned with it is tuned for the store: both modes, same requests, same hit counts.
+file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/trace_fast_agrees.cmake [=[
+foreach(mode store fast)
+  set(extra "")
+  if(mode STREQUAL "fast")
+    set(extra --fast)
+  endif()
+  execute_process(COMMAND ${REPLAY} --trace ${TRACE} --capacity 200,1000 --requests 1500
+                          --policy lru,tierkv --json ${extra}
+                  OUTPUT_VARIABLE out_${mode} RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "trace_replay (${mode}) exited with ${rc}")
+  endif()
+  string(REGEX MATCHALL "\"hit_blocks\": [0-9]+" hits_${mode} "${out_${mode}}")
+endforeach()
+list(LENGTH hits_store n)
+if(NOT n EQUAL 4)
+  message(FATAL_ERROR "expected 4 results, got ${n}: ${out_store}")
+endif()
+if(NOT hits_store STREQUAL hits_fast)
+  message(FATAL_ERROR "--fast disagrees with the store: ${hits_fast} vs ${hits_store}")
+endif()
+message(STATUS "store and --fast agree: ${hits_store}")
+]=])
+add_test(NAME bench_trace_replay_fast_agrees
+         COMMAND ${CMAKE_COMMAND} -DREPLAY=$<TARGET_FILE:trace_replay>
+                 -DTRACE=${TKV_DATA_DIR}/mooncake_conversation_trace.jsonl
+                 -P ${CMAKE_CURRENT_BINARY_DIR}/trace_fast_agrees.cmake)
+set_tests_properties(bench_trace_replay_fast_agrees PROPERTIES TIMEOUT 300)

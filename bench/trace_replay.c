@@ -21,7 +21,8 @@
  *   default  the real engine in-process: tkv_store (L2 only, small block_bytes), keys are real
  *            SHA-256 chains (tkv_key_chain) of token contents derived from the ids;
  *   --fast   a minimal tier manager in this file driving the registered tkv_policy_ops directly,
- *            one entry per trace block (faithful to the policy contract; no keys, no payloads);
+ *            512 / P entries per trace block, as the store (faithful to the policy contract
+ *            and to the store's granularity; no keys, no payloads);
  *   oracle   always simulated (it needs the future): Belady, evicting the cached block whose
  *            next use is farthest away (never = farthest; ties: deepest first, so a chain is
  *            evicted from its tail, the prefix rule the store applies).
@@ -480,14 +481,17 @@ static void pace(const trace *t, size_t ir, double speedup)
 }
 
 /* ============================================================================================
- * --fast: a minimal tier manager over tkv_policy_ops, one entry per trace block
+ * --fast: a minimal tier manager over tkv_policy_ops, P/512 entries per trace block
  *
  * It keeps the structural fields the way the store's tier manager does: parent/depth set at
  * insertion, num_children counted, hit blocks pinned while the request inserts its missing
  * blocks (the lease a real lookup takes), changed() on every structural or pin change; and it
  * calls the policy in the order of the store's put: admit() for every missing block (one
  * now_ns per request, the parent shown only for the first), then victims until all of them
- * fit, then inserted() in chain order.
+ * fit, then inserted() in chain order. Like the store it works in cache blocks of P tokens:
+ * a trace block is 512 / P entries chained one after the other (capacity N trace blocks =
+ * N * 512 / P entries), so a policy sees the same number of calls and ticks as in the store,
+ * and a trace block counts as hit when all of its entries hit.
  * ========================================================================================== */
 
 typedef struct sim_node {
@@ -495,13 +499,33 @@ typedef struct sim_node {
     uint8_t present;
 } sim_node;
 
-static int run_sim(const trace *t, const tkv_policy_ops *ops, uint64_t capacity, double speedup,
-                   result *res)
+/* Cache entry k (0 .. per-1) of trace node n is n * per + k; its parent is the entry before
+ * it in the chain: k - 1 of the same node, or the last entry of the node's parent. */
+static int64_t sim_parent(const trace *t, uint64_t e, uint32_t per)
 {
-    sim_node *nodes = tkv_xcalloc(t->num_nodes, sizeof(*nodes));
+    if (e % per)
+        return (int64_t)e - 1;
+    int64_t ip = t->node_parent[e / per];
+    return ip >= 0 ? ip * (int64_t)per + per - 1 : -1;
+}
+
+static int run_sim(const trace *t, const tkv_policy_ops *ops, uint64_t trace_capacity,
+                   uint32_t block_tokens, double speedup, result *res)
+{
+    const uint32_t per = kTraceBlockTokens / block_tokens;
+    const uint64_t capacity = trace_capacity * per;
+    sim_node *nodes = tkv_xcalloc((size_t)t->num_nodes * per, sizeof(*nodes));
+    uint32_t max_blocks = 0;
+    for (size_t ir = 0; ir < t->num_reqs; ir++)
+        if (t->reqs[ir].num_blocks > max_blocks)
+            max_blocks = t->reqs[ir].num_blocks;
+    uint64_t *nd = tkv_xmalloc((size_t)max_blocks * per * sizeof(*nd));
+    uint8_t admitted[256];
+    uint64_t now = 0;
     void *st = ops->create(capacity);
     if (!st) {
         free(nodes);
+        free(nd);
         fprintf(stderr, "trace_replay: policy %s refused capacity %" PRIu64 "\n", ops->name,
                 capacity);
         return TKV_EINVAL;
@@ -511,10 +535,14 @@ static int run_sim(const trace *t, const tkv_policy_ops *ops, uint64_t capacity,
     for (size_t ir = 0; ir < t->num_reqs; ir++) {
         pace(t, ir, speedup);
         const trace_req *r = &t->reqs[ir];
-        const uint32_t *nd = &t->nodes[r->first];
-        uint64_t now = tkv_now_ns();
+        const uint32_t nb = r->num_blocks * per;
+        for (uint32_t j = 0; j < r->num_blocks; j++)
+            for (uint32_t k = 0; k < per; k++)
+                nd[(size_t)j * per + k] = (uint64_t)t->nodes[r->first + j] * per + k;
+        uint64_t tnow = tkv_now_ns();
+        now = tnow > now ? tnow : now + 1;
         uint32_t hit = 0;
-        while (hit < r->num_blocks && nodes[nd[hit]].present)
+        while (hit < nb && nodes[nd[hit]].present)
             hit++;
         for (uint32_t j = 0; j < hit; j++) {
             sim_node *n = &nodes[nd[j]];
@@ -522,61 +550,77 @@ static int run_sim(const trace *t, const tkv_policy_ops *ops, uint64_t capacity,
             n->pe.pinned++;
             ops->changed(st, &n->pe);
         }
-        account(res, r, hit);
-        res->hit_blocks_tier[TKV_TIER_L2] += hit;
+        account(res, r, hit / per);
+        res->hit_blocks_tier[TKV_TIER_L2] += hit / per;
 
-        /* The store's put: every missing block is admitted or not, then room is made for
-         * all of them at once (the victims are chosen before any of them exists in the
-         * policy), then they enter in chain order. */
-        uint32_t want = 0;
-        for (uint32_t j = hit; j < r->num_blocks; j++) {
-            sim_node *n = &nodes[nd[j]];
-            if (n->present)
-                continue; /* cached beyond the first miss: a duplicate, dropped */
-            /* the store's probe shows the parent only where it is cached already: for the
-             * first missing block (the request's last hit block, or none) */
-            int64_t ip = t->node_parent[nd[j]];
-            n->pe = (tkv_policy_entry){.depth = t->node_depth[nd[j]]};
-            if (ip >= 0 && nodes[ip].present)
-                n->pe.parent = &nodes[ip].pe;
-            if (!ops->admit(st, &n->pe, now))
-                break;
-            want++;
-        }
-        while (used + want > capacity) {
-            tkv_policy_entry *v = ops->victim(st);
-            /* NULL: all pinned. An interior victim would orphan cached children, which
-             * this manager does not track; the request inserts fewer blocks instead. */
-            if (!v || v->num_children) {
-                want = (uint32_t)(capacity - used);
-                break;
+        /* The store's put, in its chunks (at most 256 blocks and a quarter of the tier, one
+         * now_ns each): every missing block of the chunk is asked admit() (a refused one is
+         * dropped and the next is still asked), then room is made for all admitted blocks at
+         * once (the victims are chosen before any of them exists in the policy), then they
+         * enter in chain order. */
+        uint32_t chunk = capacity / 4 ? (uint32_t)(capacity / 4 < 256 ? capacity / 4 : 256) : 1;
+        for (uint32_t off = hit; off < nb; off += chunk) {
+            uint32_t end = nb - off < chunk ? nb : off + chunk, want = 0;
+            uint64_t tnow = tkv_now_ns();
+            now = tnow > now ? tnow : now + 1; /* a new put: a new now_ns */
+            for (uint32_t j = off; j < end; j++) {
+                sim_node *n = &nodes[nd[j]];
+                admitted[j - off] = 0;
+                if (n->present)
+                    continue; /* cached already: a duplicate, dropped */
+                /* the store's probe shows the parent only where it is cached already: the
+                 * chunk's first missing block (its parent is the request's last hit block,
+                 * or the previous chunk's last block), or a block after a duplicate; the
+                 * depth is known where the parent is indexed (cached, or admitted just
+                 * before in this chunk), else 0 */
+                int64_t ip = sim_parent(t, nd[j], per);
+                n->pe = (tkv_policy_entry){0};
+                if (ip >= 0 && nodes[ip].present)
+                    n->pe.parent = &nodes[ip].pe;
+                if (ip >= 0 && (nodes[ip].present || (j > off && admitted[j - 1 - off])))
+                    n->pe.depth =
+                        t->node_depth[nd[j] / per] * per + (uint32_t)(nd[j] % per);
+                if (!ops->admit(st, &n->pe, now))
+                    continue;
+                admitted[j - off] = 1;
+                want++;
             }
-            TKV_ASSERT(!v->pinned);
-            sim_node *vn = (sim_node *)v;
-            ops->removed(st, v);
-            vn->present = 0;
-            used--;
-            res->evictions++;
-            if (v->parent && --v->parent->num_children == 0)
-                ops->changed(st, v->parent);
-        }
-        for (uint32_t j = hit; j < r->num_blocks && want > 0; j++) {
-            sim_node *n = &nodes[nd[j]];
-            int64_t ip = t->node_parent[nd[j]];
-            sim_node *p = ip >= 0 ? &nodes[ip] : NULL;
-            if (n->present)
-                continue;
-            if (p && !p->present)
-                break; /* its prefix is gone (a duplicate above it was evicted) */
-            n->pe.parent = p ? &p->pe : NULL;
-            /* the store's order: the parent learns of its child first, then the policy
-             * learns of the child */
-            n->present = 1;
-            used++;
-            want--;
-            if (p && p->pe.num_children++ == 0)
-                ops->changed(st, &p->pe);
-            ops->inserted(st, &n->pe, now);
+            while (used + want > capacity) {
+                tkv_policy_entry *v = ops->victim(st);
+                /* NULL: all pinned. An interior victim would orphan cached children, which
+                 * this manager does not track; the chunk inserts fewer blocks instead. */
+                if (!v || v->num_children) {
+                    want = (uint32_t)(capacity - used);
+                    break;
+                }
+                TKV_ASSERT(!v->pinned);
+                sim_node *vn = (sim_node *)v;
+                ops->removed(st, v);
+                vn->present = 0;
+                used--;
+                res->evictions++;
+                if (v->parent && --v->parent->num_children == 0)
+                    ops->changed(st, v->parent);
+            }
+            for (uint32_t j = off; j < end && want > 0; j++) {
+                sim_node *n = &nodes[nd[j]];
+                int64_t ip = sim_parent(t, nd[j], per);
+                sim_node *p = ip >= 0 ? &nodes[ip] : NULL;
+                if (!admitted[j - off])
+                    continue;
+                if (p && !p->present)
+                    break; /* its prefix is not cached: it could never be hit */
+                n->pe.parent = p ? &p->pe : NULL;
+                n->pe.depth = t->node_depth[nd[j] / per] * per + (uint32_t)(nd[j] % per);
+                /* the store's order: the parent learns of its child first, then the policy
+                 * learns of the child */
+                n->present = 1;
+                used++;
+                want--;
+                if (p && p->pe.num_children++ == 0)
+                    ops->changed(st, &p->pe);
+                ops->inserted(st, &n->pe, now);
+            }
         }
         for (uint32_t j = 0; j < hit; j++) {
             sim_node *n = &nodes[nd[j]];
@@ -588,6 +632,7 @@ static int run_sim(const trace *t, const tkv_policy_ops *ops, uint64_t capacity,
     res->seconds = now_s() - t0;
     ops->destroy(st);
     free(nodes);
+    free(nd);
     return TKV_OK;
 }
 
@@ -957,7 +1002,7 @@ static void usage(FILE *f)
     for (const tkv_policy_ops *const *p = tkv_policy_all(); *p; p++)
         fprintf(f, ", %s", (*p)->name);
     fprintf(f, " (default: lru,tierkv,oracle)\n"
-               "  --fast       drive the policies directly (one entry per trace block) instead\n"
+               "  --fast       drive the policies directly (512/P entries per trace block) instead\n"
                "               of through the storage engine\n"
                "  --speedup X  sleep the trace's inter-arrival gaps divided by X\n"
                "  --requests M replay only the first M requests\n"
@@ -1126,7 +1171,8 @@ int main(int argc, char **argv)
                 st = run_oracle(&t, caps[ic], res);
             } else if (fast) {
                 res->mode = "policy-sim";
-                st = run_sim(&t, tkv_policy_find(pols[ip]), caps[ic], speedup, res);
+                st = run_sim(&t, tkv_policy_find(pols[ip]), caps[ic], (uint32_t)block_tokens, speedup,
+                             res);
             } else {
                 res->mode = "store";
                 if (!rk.node_keys)
@@ -1155,7 +1201,7 @@ int main(int argc, char **argv)
                    ", \"token_hit_rate\": %.6f, \"hit_rate_tier\": {\"l1\": %.6f, \"l2\": %.6f, "
                    "\"l3\": %.6f}, \"evictions\": %" PRIu64 ", \"seconds\": %.3f}%s\n",
                    r->capacity_blocks, r->policy, r->mode,
-                   strcmp(r->mode, "store") == 0 ? block_tokens : (uint64_t)kTraceBlockTokens,
+                   strcmp(r->mode, "oracle-sim") != 0 ? block_tokens : (uint64_t)kTraceBlockTokens,
                    r->requests, r->blocks, r->hit_blocks,
                    (double)r->hit_blocks / (double)r->blocks, r->tokens, r->hit_tokens,
                    (double)r->hit_tokens / (double)r->tokens,

@@ -163,12 +163,13 @@ static bool on_hello(tkvd_attach *a, size_t i)
     memset(&rep, 0, sizeof(rep));
     rep.magic = TKV_ATTACH_MAGIC;
     rep.status = TKV_OK;
-    /* The id is live before the client can learn it: a Lookup sent right after the reply
-     * must find its owner registered. */
+    /* The id is live and counted before the client can learn it: a Lookup or Stats sent
+     * right after the reply must find its owner registered and itself connected. */
     pthread_mutex_lock(&a->mu);
     rep.client_id = a->next_id++;
     c->client_id = rep.client_id;
     pthread_mutex_unlock(&a->mu);
+    atomic_fetch_add_explicit(&a->metrics->clients_connected, 1, memory_order_relaxed);
     rep.l2_bytes = tkv_store_l2_bytes(a->store);
     rep.block_bytes = tkv_store_block_bytes(a->store);
     rep.block_tokens = tkv_store_block_tokens(a->store);
@@ -181,11 +182,11 @@ static bool on_hello(tkvd_attach *a, size_t i)
                     (ssize_t)sizeof(a->gpu))) {
         TKV_LOG(TKV_LOG_INFO, "attach: could not answer pid %u: %s", h.pid, strerror(errno));
         pthread_mutex_lock(&a->mu);
-        c->client_id = 0; /* never counted as connected: close_conn must not uncount it */
+        c->client_id = 0; /* the client never learnt it: close_conn must not uncount it */
         pthread_mutex_unlock(&a->mu);
+        atomic_fetch_sub_explicit(&a->metrics->clients_connected, 1, memory_order_relaxed);
         return false;
     }
-    atomic_fetch_add_explicit(&a->metrics->clients_connected, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&a->metrics->clients_total, 1, memory_order_relaxed);
     TKV_LOG(TKV_LOG_INFO, "attach: client %llu (pid %u) attached", (unsigned long long)rep.client_id,
             h.pid);
