@@ -7,15 +7,13 @@
  *    instead of 4: with one warp per head the kernel was issue-bound at ~25% of HBM rate;
  *  - a lane's elements are 8j..8j+7 and D/2+8j..D/2+8j+7 (two 16-byte loads), so both RoPE
  *    pairings stay inside the lane, and the Hadamard's top stage too;
- *  - reductions are butterflies inside the group (shuffle mask = the group's lanes): no
- *    shared-memory reductions and no __syncthreads anywhere;
+ *  - reductions are butterflies inside the group (shuffle mask = the group's lanes): no shared
+ *    memory and no __syncthreads anywhere;
  *  - consecutive groups take consecutive heads of the same token row, so a warp reads 1 KiB
  *    of contiguous input per round.
- * Variants: one pass with 1, 2 or 4 items per group, and a persistent grid whose lanes keep
- * their next three items' input in flight as asynchronous copies to shared memory, with warps
- * that work on one head of several tokens (one head kind per warp); the launcher picks by
- * size (see launch_d). The tail zero-fill runs in extra CTAs after the token CTAs, one per
- * request.
+ * Variants: one pass with 1, 2 or 4 items per group, and a persistent grid that loads each
+ * group's next item before the math of the current one; the launcher picks by size (see
+ * launch_d). The tail zero-fill runs in extra CTAs after the token CTAs, one per request.
  *
  * Arithmetic: exactly the header's sequence, with __fmul_rn/__fadd_rn/__fsub_rn/__fdiv_rn/
  * __fsqrt_rn so nvcc cannot contract or approximate anything, and lane partials combined in
@@ -63,7 +61,8 @@ struct PrologueArgs {
     const float *v_head_scales;
     int num_reqs;
     const int64_t *req_last_slot;
-    int stride_tokens, stride_heads; /* persistent grid: a warp's unit stride as (tokens, heads) */
+    int stride_tokens, stride_heads; /* persistent grid: its item stride as (tokens, heads) */
+    int carry_tokens, tile_map;      /* pipelined grid: see prologue_pipelined */
 };
 
 /* ---- one head = LH lanes, 16 elements per lane ------------------------------------------
@@ -354,23 +353,95 @@ __global__ void __launch_bounds__(kThreads) prologue_kernel(const __grid_constan
     }
 }
 
+/* The persistent variant: a grid of resident CTAs; every group walks items item, item +
+ * stride, .. and loads the next item's input before working on the current one, so reads
+ * stay in flight while the math runs (register double buffering). */
+template <int LH>
+__global__ void __launch_bounds__(kThreads, 4) prologue_persistent(const __grid_constant__ PrologueArgs a)
+{
+    constexpr int D = LH * 16, G = 32 / LH;
+    if ((int)blockIdx.x >= a.main_ctas) {
+        zero_tail(a, (int)blockIdx.x - a.main_ctas);
+        return;
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int grp = lane / LH, j = lane % LH;
+    const unsigned gmask = LH == 32 ? 0xffffffffu : ((1u << LH) - 1u) << (grp * LH);
+    const int stride = a.main_ctas * kWarpsPerCta * G;
+    int item = ((int)blockIdx.x * kWarpsPerCta + warp) * G + grp;
+    if (item >= a.num_items)
+        return;
+
+    int t = item / a.heads, h = item - t * a.heads, pos = 0;
+    long long slot = -1;
+    uint4 r0, r1;
+    {
+        const uint16_t *src = a.qkv + (long long)t * a.qkv_stride + h * D + 8 * j;
+        r0 = __ldcs(reinterpret_cast<const uint4 *>(src));
+        r1 = __ldcs(reinterpret_cast<const uint4 *>(src + D / 2));
+        if (h < a.hq + a.hkv)
+            pos = __ldg(a.positions + t);
+        if (h >= a.hq)
+            slot = __ldg(reinterpret_cast<const long long *>(a.slot_mapping) + t);
+    }
+    for (;;) {
+        const uint4 c0 = r0, c1 = r1;
+        const int ct = t, ch = h, cpos = pos;
+        const long long cslot = slot;
+        const int next = item + stride;
+        const bool more = next < a.num_items && next > item; /* (no wrap-around) */
+        if (more) {
+            /* next = item + stride without a division: h < heads and stride_heads < heads. */
+            t += a.stride_tokens;
+            h += a.stride_heads;
+            if (h >= a.heads) {
+                h -= a.heads;
+                t++;
+            }
+            const uint16_t *src = a.qkv + (long long)t * a.qkv_stride + h * D + 8 * j;
+            r0 = __ldcs(reinterpret_cast<const uint4 *>(src));
+            r1 = __ldcs(reinterpret_cast<const uint4 *>(src + D / 2));
+            if (h < a.hq + a.hkv)
+                pos = __ldg(a.positions + t);
+            if (h >= a.hq)
+                slot = __ldg(reinterpret_cast<const long long *>(a.slot_mapping) + t);
+        }
+        process_item<LH>(a, c0, c1, ct, ch, cpos, cslot, j, gmask);
+        if (!more)
+            break;
+        item = next;
+    }
+}
+
 /* ---- the pipelined persistent variant (large calls) ----------------------------------------
- * A grid of resident CTAs. Work unit of a warp: one head h of a tile of G consecutive tokens,
- * group g taking token tile*G + g; units are dealt round robin (unit, unit + warps in the grid,
- * ..), the cursor advanced by increments, never by a division. Why this shape:
- *  - every group of a warp works on the same head kind (Q, K or V) whatever heads per token
- *    is: no warp runs two kinds' code paths one after the other (8/1 heads: 10 heads per
- *    token, 4 groups per warp, so a warp of consecutive heads mixed kinds);
+ * A grid of resident CTAs. Work unit of a warp: G items, dealt round robin (unit, unit + warps
+ * in the grid, ..), the cursors advanced by increments, never by a division. Two maps:
+ *  - heads per token a multiple of G: G consecutive heads of one token (the warp shares its
+ *    position, cos/sin row and slot; one head kind per warp since Hq and Hkv are multiples of
+ *    G too);
+ *  - else (8/1 heads: 10 heads per token, 4 groups per warp): one head of G consecutive
+ *    tokens, group g taking token tile*G + g, so that no warp runs two kinds' code paths
+ *    (Q, K, V) one after the other;
  *  - the input rows, positions and slots of the next kStages - 1 items of each lane are in
  *    flight as asynchronous copies to shared memory (cp.async, per thread: each lane reads back
  *    only what it copied itself, so there is no barrier): bytes in flight no longer cost
  *    registers, and the math of one item overlaps the loads of the next three. */
 constexpr int kStages = 4;
 
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
+/* 16 bytes, read once: L1 bypassed, evict-first in L2 (policy from l2_evict_first()). */
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, uint64_t policy)
 {
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(s),
+                 "l"(gmem), "l"(policy)
+                 : "memory");
+}
+
+__device__ __forceinline__ uint64_t l2_evict_first()
+{
+    uint64_t policy;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+    return policy;
 }
 
 __device__ __forceinline__ void cp_async4(void *smem, const void *gmem)
@@ -396,7 +467,7 @@ template <int N> __device__ __forceinline__ void cp_async_wait()
 }
 
 template <int LH>
-__global__ void __launch_bounds__(kThreads, 4) prologue_persistent(const __grid_constant__ PrologueArgs a)
+__global__ void __launch_bounds__(kThreads, 4) prologue_pipelined(const __grid_constant__ PrologueArgs a)
 {
     constexpr int D = LH * 16, G = 32 / LH;
     /* 44 KiB: four CTAs per SM fit. [stage][half][thread]: a warp's 16-byte reads and writes
@@ -413,14 +484,23 @@ __global__ void __launch_bounds__(kThreads, 4) prologue_persistent(const __grid_
     const unsigned gmask = LH == 32 ? 0xffffffffu : ((1u << LH) - 1u) << (grp * LH);
     const int unit = (int)blockIdx.x * kWarpsPerCta + warp;
     /* Two cursors over this group's items: the next to copy in, the next to work on. */
-    int ti = unit / a.heads * G + grp, hi = unit % a.heads;
+    int ti, hi;
+    if (a.tile_map) {
+        ti = unit / a.heads * G + grp;
+        hi = unit % a.heads;
+    } else {
+        const int item = unit * G + grp;
+        ti = item / a.heads;
+        hi = item - ti * a.heads;
+    }
     int tp = ti, hp = hi;
+    const uint64_t policy = l2_evict_first();
 
     auto issue = [&](int stage) {
         if (ti < a.num_tokens) {
             const uint16_t *src = a.qkv + (long long)ti * a.qkv_stride + hi * D + 8 * j;
-            cp_async16(&s_raw[stage][0][tid], src);
-            cp_async16(&s_raw[stage][1][tid], src + D / 2);
+            cp_async16(&s_raw[stage][0][tid], src, policy);
+            cp_async16(&s_raw[stage][1][tid], src + D / 2, policy);
             if (hi < a.hq + a.hkv)
                 cp_async4(&s_pos[stage][tid], a.positions + ti);
             if (hi >= a.hq)
@@ -429,7 +509,7 @@ __global__ void __launch_bounds__(kThreads, 4) prologue_persistent(const __grid_
             hi += a.stride_heads;
             if (hi >= a.heads) {
                 hi -= a.heads;
-                ti += G;
+                ti += a.carry_tokens;
             }
         }
         cp_async_commit(); /* empty groups too: the wait below counts groups */
@@ -452,7 +532,7 @@ __global__ void __launch_bounds__(kThreads, 4) prologue_persistent(const __grid_
         hp += a.stride_heads;
         if (hp >= a.heads) {
             hp -= a.heads;
-            tp += G;
+            tp += a.carry_tokens;
         }
         stage = stage + 1 == kStages ? 0 : stage + 1;
     }
@@ -484,14 +564,12 @@ template <int LH> int launch_persistent(PrologueArgs &a, cudaStream_t stream)
     TKVK_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     TKVK_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, prologue_persistent<LH>,
                                                                 kThreads, 0));
-    /* Units: one head of G tokens per warp. */
-    const long long units = ((long long)a.num_tokens + G - 1) / G * a.heads;
-    const long long needed = (units + kWarpsPerCta - 1) / kWarpsPerCta;
-    const long long ctas = std::min<long long>(needed, (long long)sms * std::max(per_sm, 1));
+    long long needed = ((long long)a.num_items + kWarpsPerCta * G - 1) / (kWarpsPerCta * G);
+    long long ctas = std::min<long long>(needed, (long long)sms * std::max(per_sm, 1));
     a.main_ctas = (int)ctas;
-    const int stride_units = a.main_ctas * kWarpsPerCta;
-    a.stride_tokens = stride_units / a.heads * G;
-    a.stride_heads = stride_units % a.heads;
+    const int stride = a.main_ctas * kWarpsPerCta * G;
+    a.stride_tokens = stride / a.heads;
+    a.stride_heads = stride % a.heads;
     unsigned grid = (unsigned)(ctas + a.num_reqs);
     if (grid == 0)
         return TKVK_OK;
@@ -500,27 +578,64 @@ template <int LH> int launch_persistent(PrologueArgs &a, cudaStream_t stream)
     return TKVK_OK;
 }
 
+template <int LH> int launch_pipelined(PrologueArgs &a, cudaStream_t stream)
+{
+    constexpr int G = 32 / LH;
+    int dev = 0, sms = 0, per_sm = 0;
+    TKVK_CUDA_TRY(cudaGetDevice(&dev));
+    TKVK_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    TKVK_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, prologue_pipelined<LH>,
+                                                                kThreads, 0));
+    a.tile_map = a.heads % G != 0;
+    const long long units = a.tile_map ? ((long long)a.num_tokens + G - 1) / G * a.heads
+                                       : ((long long)a.num_items + G - 1) / G;
+    const long long needed = (units + kWarpsPerCta - 1) / kWarpsPerCta;
+    const long long ctas = std::min<long long>(needed, (long long)sms * std::max(per_sm, 1));
+    a.main_ctas = (int)ctas;
+    const int stride_units = a.main_ctas * kWarpsPerCta;
+    if (a.tile_map) {
+        a.stride_tokens = stride_units / a.heads * G;
+        a.stride_heads = stride_units % a.heads;
+        a.carry_tokens = G;
+    } else {
+        a.stride_tokens = stride_units * G / a.heads;
+        a.stride_heads = stride_units * G % a.heads;
+        a.carry_tokens = 1;
+    }
+    unsigned grid = (unsigned)(ctas + a.num_reqs);
+    if (grid == 0)
+        return TKVK_OK;
+    prologue_pipelined<LH><<<grid, kThreads, 0, stream>>>(a);
+    TKVK_CUDA_TRY(cudaGetLastError());
+    return TKVK_OK;
+}
+
 constexpr int kLargeCallItems = 300000;
 
 /* items_per_group: 0 = chosen here; 1, 2 or 4 = that many items per group in one pass;
- * 8 = the persistent grid (the benchmark compares them all). */
+ * 8 = the pipelined persistent grid; 9 = the register-prefetch persistent grid (the benchmark
+ * compares them). */
 template <int LH> int launch_d(PrologueArgs &a, cudaStream_t stream, int items_per_group)
 {
     switch (items_per_group) {
     case 0:
-        /* Measured on an H200 (docs/perf.md). Small calls: one item per group (pure
-         * latency; the others are no faster). From ~300K items: the pipelined persistent grid,
-         * whose copies in flight and kind-uniform warps beat the one-pass variants at 64/8 and
-         * 8/1 heads alike. */
+        /* Measured on an H200 (docs/perf.md). Small calls: one item per
+         * group (pure latency; the others are no faster). From ~300K items: the persistent
+         * grid when every warp's groups hold heads of one kind (heads per token a multiple of
+         * the groups per warp; 64/8 heads, 65536 tokens: 650 us against 752 with two items
+         * per group), else two items per group (8/1 heads, where warps mix Q, K and V heads:
+         * 100.6 us against 99.1 persistent, no measurable difference). */
         if (a.num_items >= kLargeCallItems)
-            return launch_persistent<LH>(a, stream);
+            return a.heads % (32 / LH) == 0 ? launch_persistent<LH>(a, stream)
+                                            : launch<LH, 2>(a, stream);
         return launch<LH, 1>(a, stream);
     case 1: return launch<LH, 1>(a, stream);
     case 2: return launch<LH, 2>(a, stream);
     case 4: return launch<LH, 4>(a, stream);
-    case 8: return launch_persistent<LH>(a, stream);
+    case 8: return launch_pipelined<LH>(a, stream);
+    case 9: return launch_persistent<LH>(a, stream);
     default:
-        return tkvk__fail(TKVK_EINVAL, "tkvk_prologue_cuda: items per group %d (1, 2, 4 or 8)",
+        return tkvk__fail(TKVK_EINVAL, "tkvk_prologue_cuda: items per group %d (1, 2, 4, 8 or 9)",
                           items_per_group);
     }
 }
