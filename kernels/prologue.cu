@@ -62,7 +62,6 @@ struct PrologueArgs {
     int num_reqs;
     const int64_t *req_last_slot;
     int stride_tokens, stride_heads; /* persistent grid: its item stride as (tokens, heads) */
-    int carry_tokens, tile_map;      /* pipelined grid: see prologue_pipelined */
 };
 
 /* ---- one head = LH lanes, 16 elements per lane ------------------------------------------
@@ -413,132 +412,6 @@ __global__ void __launch_bounds__(kThreads, 4) prologue_persistent(const __grid_
     }
 }
 
-/* ---- the pipelined persistent variant (large calls) ----------------------------------------
- * A grid of resident CTAs. Work unit of a warp: G items, dealt round robin (unit, unit + warps
- * in the grid, ..), the cursors advanced by increments, never by a division. Two maps:
- *  - heads per token a multiple of G: G consecutive heads of one token (the warp shares its
- *    position, cos/sin row and slot; one head kind per warp since Hq and Hkv are multiples of
- *    G too);
- *  - else (8/1 heads: 10 heads per token, 4 groups per warp): one head of G consecutive
- *    tokens, group g taking token tile*G + g, so that no warp runs two kinds' code paths
- *    (Q, K, V) one after the other;
- *  - the input rows, positions and slots of the next kStages - 1 items of each lane are in
- *    flight as asynchronous copies to shared memory (cp.async, per thread: each lane reads back
- *    only what it copied itself, so there is no barrier): bytes in flight no longer cost
- *    registers, and the math of one item overlaps the loads of the next three. */
-constexpr int kStages = 4;
-
-/* 16 bytes, read once: L1 bypassed, evict-first in L2 (policy from l2_evict_first()). */
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, uint64_t policy)
-{
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(s),
-                 "l"(gmem), "l"(policy)
-                 : "memory");
-}
-
-__device__ __forceinline__ uint64_t l2_evict_first()
-{
-    uint64_t policy;
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-    return policy;
-}
-
-__device__ __forceinline__ void cp_async4(void *smem, const void *gmem)
-{
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-
-__device__ __forceinline__ void cp_async8(void *smem, const void *gmem)
-{
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit()
-{
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <int N> __device__ __forceinline__ void cp_async_wait()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-template <int LH>
-__global__ void __launch_bounds__(kThreads, 4) prologue_pipelined(const __grid_constant__ PrologueArgs a)
-{
-    constexpr int D = LH * 16, G = 32 / LH;
-    /* 44 KiB: four CTAs per SM fit. [stage][half][thread]: a warp's 16-byte reads and writes
-     * are consecutive, so conflict free. */
-    __shared__ uint4 s_raw[kStages][2][kThreads];
-    __shared__ long long s_slot[kStages][kThreads];
-    __shared__ int s_pos[kStages][kThreads];
-    if ((int)blockIdx.x >= a.main_ctas) {
-        zero_tail(a, (int)blockIdx.x - a.main_ctas);
-        return;
-    }
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int grp = lane / LH, j = lane % LH;
-    const unsigned gmask = LH == 32 ? 0xffffffffu : ((1u << LH) - 1u) << (grp * LH);
-    const int unit = (int)blockIdx.x * kWarpsPerCta + warp;
-    /* Two cursors over this group's items: the next to copy in, the next to work on. */
-    int ti, hi;
-    if (a.tile_map) {
-        ti = unit / a.heads * G + grp;
-        hi = unit % a.heads;
-    } else {
-        const int item = unit * G + grp;
-        ti = item / a.heads;
-        hi = item - ti * a.heads;
-    }
-    int tp = ti, hp = hi;
-    const uint64_t policy = l2_evict_first();
-
-    auto issue = [&](int stage) {
-        if (ti < a.num_tokens) {
-            const uint16_t *src = a.qkv + (long long)ti * a.qkv_stride + hi * D + 8 * j;
-            cp_async16(&s_raw[stage][0][tid], src, policy);
-            cp_async16(&s_raw[stage][1][tid], src + D / 2, policy);
-            if (hi < a.hq + a.hkv)
-                cp_async4(&s_pos[stage][tid], a.positions + ti);
-            if (hi >= a.hq)
-                cp_async8(&s_slot[stage][tid], a.slot_mapping + ti);
-            ti += a.stride_tokens;
-            hi += a.stride_heads;
-            if (hi >= a.heads) {
-                hi -= a.heads;
-                ti += a.carry_tokens;
-            }
-        }
-        cp_async_commit(); /* empty groups too: the wait below counts groups */
-    };
-
-#pragma unroll
-    for (int s = 0; s < kStages - 1; s++)
-        issue(s);
-    int stage = 0;
-    while (tp < a.num_tokens) {
-        /* kStages - 1 + i groups committed; item i is group i: at most kStages - 2 pending. */
-        cp_async_wait<kStages - 2>();
-        const uint4 r0 = s_raw[stage][0][tid], r1 = s_raw[stage][1][tid];
-        const int pos = hp < a.hq + a.hkv ? s_pos[stage][tid] : 0;
-        const long long slot = hp >= a.hq ? s_slot[stage][tid] : -1;
-        /* The previous stage's values were consumed by the previous item's math: reuse it. */
-        issue(stage == 0 ? kStages - 1 : stage - 1);
-        process_item<LH>(a, r0, r1, tp, hp, pos, slot, j, gmask);
-        tp += a.stride_tokens;
-        hp += a.stride_heads;
-        if (hp >= a.heads) {
-            hp -= a.heads;
-            tp += a.carry_tokens;
-        }
-        stage = stage + 1 == kStages ? 0 : stage + 1;
-    }
-    cp_async_wait<0>();
-}
-
 template <int LH, int ITEMS> int launch(PrologueArgs &a, cudaStream_t stream)
 {
     constexpr int G = 32 / LH;
@@ -578,43 +451,10 @@ template <int LH> int launch_persistent(PrologueArgs &a, cudaStream_t stream)
     return TKVK_OK;
 }
 
-template <int LH> int launch_pipelined(PrologueArgs &a, cudaStream_t stream)
-{
-    constexpr int G = 32 / LH;
-    int dev = 0, sms = 0, per_sm = 0;
-    TKVK_CUDA_TRY(cudaGetDevice(&dev));
-    TKVK_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    TKVK_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, prologue_pipelined<LH>,
-                                                                kThreads, 0));
-    a.tile_map = a.heads % G != 0;
-    const long long units = a.tile_map ? ((long long)a.num_tokens + G - 1) / G * a.heads
-                                       : ((long long)a.num_items + G - 1) / G;
-    const long long needed = (units + kWarpsPerCta - 1) / kWarpsPerCta;
-    const long long ctas = std::min<long long>(needed, (long long)sms * std::max(per_sm, 1));
-    a.main_ctas = (int)ctas;
-    const int stride_units = a.main_ctas * kWarpsPerCta;
-    if (a.tile_map) {
-        a.stride_tokens = stride_units / a.heads * G;
-        a.stride_heads = stride_units % a.heads;
-        a.carry_tokens = G;
-    } else {
-        a.stride_tokens = stride_units * G / a.heads;
-        a.stride_heads = stride_units * G % a.heads;
-        a.carry_tokens = 1;
-    }
-    unsigned grid = (unsigned)(ctas + a.num_reqs);
-    if (grid == 0)
-        return TKVK_OK;
-    prologue_pipelined<LH><<<grid, kThreads, 0, stream>>>(a);
-    TKVK_CUDA_TRY(cudaGetLastError());
-    return TKVK_OK;
-}
-
 constexpr int kLargeCallItems = 300000;
 
 /* items_per_group: 0 = chosen here; 1, 2 or 4 = that many items per group in one pass;
- * 8 = the pipelined persistent grid; 9 = the register-prefetch persistent grid (the benchmark
- * compares them). */
+ * 8 = the persistent grid (the benchmark compares them all). */
 template <int LH> int launch_d(PrologueArgs &a, cudaStream_t stream, int items_per_group)
 {
     switch (items_per_group) {
@@ -632,10 +472,9 @@ template <int LH> int launch_d(PrologueArgs &a, cudaStream_t stream, int items_p
     case 1: return launch<LH, 1>(a, stream);
     case 2: return launch<LH, 2>(a, stream);
     case 4: return launch<LH, 4>(a, stream);
-    case 8: return launch_pipelined<LH>(a, stream);
-    case 9: return launch_persistent<LH>(a, stream);
+    case 8: return launch_persistent<LH>(a, stream);
     default:
-        return tkvk__fail(TKVK_EINVAL, "tkvk_prologue_cuda: items per group %d (1, 2, 4, 8 or 9)",
+        return tkvk__fail(TKVK_EINVAL, "tkvk_prologue_cuda: items per group %d (1, 2, 4 or 8)",
                           items_per_group);
     }
 }
