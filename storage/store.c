@@ -1298,8 +1298,6 @@ int tkv_store_alloc_tier(tkv_store *s, int tier_id, size_t n, uint64_t owner,
     } else {
         for (size_t i = 0; i < got; i++)
             slot_free(s, tier_id, slots[i]);
-        if (rc == RESERVE_WAIT)
-            rc = TKV_EFULL;
     }
     unlock(s);
     idx_unlock(s);
