@@ -12,6 +12,9 @@
  * dynamic time / copy rate, where the copy rate is a 1 GiB device-to-device cudaMemcpy
  * (bytes read + written) measured in the same run.
  *
+ * Also timed: the dynamic step through the CTA kernel (what the launcher used before the
+ * warp-worker kernel), and the dynamic step with floors of 1, 2, 4 and 8 tiles per worker.
+ *
  * Usage: decode_bench [--json] [--peer FILE] [--quick] [--case NAME] [--hq N] [--qlen N]
  *   --json   print a JSON list of result objects on stdout (the table goes to stderr)
  *   --peer   FILE: JSON from bench/flashinfer_decode.py; its flashinfer_us joins the rows
@@ -30,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "decode_internal.h"
 #include "tkv_kernels.h"
 
 #define CK(call)                                                                                 \
@@ -143,6 +147,8 @@ struct Row {
     int hq, hkv, q_len;
     double kv_bytes, dyn, stat, dyn_flushed, stat_flushed, plan, step, hbm_fraction, anchor;
     double max_diff;
+    double cta;          /* dynamic through the CTA kernel (the warp-worker kernel off) */
+    double floor_us[4];  /* dynamic with a floor of 1, 2, 4, 8 tiles per worker */
     int splits;
     double peer; /* < 0: none */
 };
@@ -305,14 +311,47 @@ static Row run(const BenchCase &bc, int hq, int hkv, int q_len, cudaStream_t s)
     row.plan = time_graph(plan_exec, s, false);
     row.step = time_graph(step_exec, s, false);
 
-    /* dynamic and static must agree (both were replayed on the same inputs) */
+    /* floors: re-plan outside the graph; the attention graph reads whatever map is there */
+    static const int floors[4] = {1, 2, 4, 8};
+    for (int f = 0; f < 4; f++) {
+        TK(tkvk_decode_plan_set_min_tiles(plan, floors[f]));
+        TK(tkvk_decode_plan_cuda(plan, d_lens, nreq, s));
+        CK(cudaStreamSynchronize(s));
+        row.floor_us[f] = time_graph(dyn_exec, s, false);
+    }
+    /* the CTA kernel: its own plan (its grid follows its occupancy) */
+    {
+        tkvk__decode_force_cta(1);
+        tkvk_decode_plan *cta_plan;
+        cudaGraphExec_t cta_exec;
+        TK(tkvk_decode_plan_create(&cta_plan, nreq, hkv, (hq / hkv) * q_len, D));
+        TK(tkvk_decode_plan_cuda(cta_plan, d_lens, nreq, s));
+        CK(cudaStreamSynchronize(s));
+        tkvk_decode_args ac = a;
+        ac.out = d_out2;
+        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        TK(tkvk_decode_attend_cuda(cta_plan, &ac, s));
+        CK(cudaStreamEndCapture(s, &g));
+        CK(cudaGraphInstantiate(&cta_exec, g, 0));
+        CK(cudaGraphDestroy(g));
+        row.cta = time_graph(cta_exec, s, false);
+        CK(cudaGraphExecDestroy(cta_exec));
+        tkvk_decode_plan_destroy(cta_plan);
+        tkvk__decode_force_cta(0);
+    }
+
+    /* dynamic, static and the CTA kernel must agree (all replayed on the same inputs) */
+    std::vector<uint16_t> o_cta(qn);
+    CK(cudaMemcpy(o_cta.data(), d_out2, qn * 2, cudaMemcpyDeviceToHost));
+    CK(cudaGraphLaunch(stat_exec, s));
+    CK(cudaStreamSynchronize(s));
     std::vector<uint16_t> o1(qn), o2(qn);
     CK(cudaMemcpy(o1.data(), d_out, qn * 2, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(o2.data(), d_out2, qn * 2, cudaMemcpyDeviceToHost));
     double md = 0;
     for (size_t i = 0; i < qn; i++) {
         double x = tkvk_bf16_to_float(o1[i]), y = tkvk_bf16_to_float(o2[i]);
-        double e = fabs(x - y);
+        double e = fmax(fabs(x - y), fabs(x - tkvk_bf16_to_float(o_cta[i])));
         if (!(e <= md))
             md = isnan(e) ? INFINITY : e;
     }
@@ -387,9 +426,10 @@ int main(int argc, char **argv)
             "# D 128, P 64, FP8 KV per-tensor, FP8 Q per-token-head; us = median of %d graph "
             "replays\n",
             g_reps);
-    fprintf(tab, "%-18s %5s %2s %8s %8s %8s %8s %8s %6s %6s %6s %7s %6s %6s %8s\n", "case",
-            "heads", "q", "dyn_us", "stat_us", "dynL2f", "plan_us", "step_us", "hbm", "xstat",
-            "anchor", "xanchor", "fi_us", "xfi", "maxdiff");
+    fprintf(tab, "%-18s %5s %2s %8s %8s %8s %8s %8s %6s %6s %6s %7s %6s %6s %8s %8s %27s\n",
+            "case", "heads", "q", "dyn_us", "stat_us", "dynL2f", "plan_us", "step_us", "hbm",
+            "xstat", "anchor", "xanchor", "fi_us", "xfi", "maxdiff", "cta_us",
+            "floor 1/2/4/8 us");
     std::vector<Row> rows;
     const int heads[2][2] = {{8, 1}, {64, 8}};
     for (int qi = 0; qi < 2; qi++)
@@ -409,10 +449,11 @@ int main(int argc, char **argv)
                 snprintf(xfi_s, sizeof xfi_s, r.peer > 0 ? "%.2f" : "-", r.peer / r.dyn);
                 fprintf(tab,
                         "%-18s %5s %2d %8.1f %8.1f %8.1f %8.1f %8.1f %6.2f %6.2f %6s %7s %6s %6s "
-                        "%8.1e\n",
+                        "%8.1e %8.1f %6.1f/%6.1f/%6.1f/%6.1f\n",
                         r.name.c_str(), heads_s, r.q_len, r.dyn, r.stat, r.dyn_flushed, r.plan,
                         r.step, r.hbm_fraction, r.stat / r.dyn, anchor_s, xa_s, fi_s, xfi_s,
-                        r.max_diff);
+                        r.max_diff, r.cta, r.floor_us[0], r.floor_us[1], r.floor_us[2],
+                        r.floor_us[3]);
                 fflush(tab);
                 rows.push_back(r);
             }
@@ -429,10 +470,12 @@ int main(int argc, char **argv)
                    "\"dynamic_us\": %.2f, \"static_us\": %.2f, \"flashinfer_us\": %s, "
                    "\"dynamic_flushed_us\": %.2f, \"static_flushed_us\": %.2f, \"plan_us\": %.2f, "
                    "\"step_us\": %.2f, \"hbm_fraction\": %.3f, \"copy_rate_gbs\": %.1f, "
-                   "\"dyn_vs_static_max_abs_diff\": %.3g}%s\n",
+                   "\"dyn_vs_static_max_abs_diff\": %.3g, \"dynamic_cta_kernel_us\": %.2f, "
+                   "\"dynamic_floor_us\": {\"1\": %.2f, \"2\": %.2f, \"4\": %.2f, \"8\": %.2f}}%s\n",
                    r.name.c_str(), r.hq, r.hkv, r.q_len, r.kv_bytes, r.dyn, r.stat, fi,
                    r.dyn_flushed, r.stat_flushed, r.plan, r.step, r.hbm_fraction, rate / 1e9,
-                   r.max_diff, i + 1 < rows.size() ? "," : "");
+                   r.max_diff, r.cta, r.floor_us[0], r.floor_us[1], r.floor_us[2],
+                   r.floor_us[3], i + 1 < rows.size() ? "," : "");
         }
         printf("]\n");
     }

@@ -7,14 +7,17 @@
  *   plan     one CTA reads kv_lens, cuts every (request, KV head) into 64-token tiles, lays
  *            all tiles end to end, cuts that sequence into bins of max(ceil(tiles/grid), floor)
  *            tiles, and writes one task per (pair, bin) intersection.
- *   attend   a persistent grid (SMs x resident CTAs): CTA i drains bin i as one stream of tiles
- *            (cp.async, 2-3 stages deep, prefetching across task boundaries); at the end of a
+ *   attend   a persistent grid of workers (a worker is a warp in the warp-worker kernel, the
+ *            fast path for FP8 Q over FP8 KV with up to 32 rows per pair; a CTA in the CTA
+ *            kernel, every other shape): worker i drains bin i as one stream of tiles
+ *            (cp.async, 2-4 stages deep, prefetching across task boundaries); at the end of a
  *            task it writes the partial O (normalised, f32) and its base-2 LSE.
- *   combine  one CTA per (request, KV head) merges that pair's partials with the global softmax
- *            and writes BF16 O and the LSE.
- * Kernels are chained with programmatic dependent launch: each waits (griddepcontrol.wait)
- * before its first read of what the previous one wrote, so its launch overlaps the tail of
- * the previous kernel.
+ *   combine  one CTA per (request, KV head, row) merges that row's partials with the global
+ *            softmax and writes BF16 O and the LSE.
+ * Kernels are chained with programmatic dependent launch: each triggers its dependents as it
+ * starts and waits (griddepcontrol.wait, which returns when the previous kernel has finished
+ * and its writes are visible) before its first memory access, so the next kernel's CTAs are
+ * already resident when this one ends.
  *
  * Inside a CTA: the rows of a (request, KV head) are group * q_len queries (<= 128), in m-tiles
  * of 16 for mma.sync m16n8k16 (f32 accumulate). FP8 KV is converted to f16 in registers (exact:
@@ -69,6 +72,8 @@ struct DecParams {
     const int4 *tasks;
     const int32_t *task_len; /* kv_len of each task's request, written by the plan */
     const int32_t *bin_first;
+    const int4 *bin_task0;    /* first task of each bin and its request's length */
+    const int32_t *bin_len0;
     int static_splits, static_chunk_tiles;
     /* partial results: [task][rows][D] and [task][rows] */
     float *part_o;
@@ -274,10 +279,11 @@ __device__ __forceinline__ int tiles_of(int32_t len)
  * tkvk_decode_plan_cpu(). */
 __global__ void __launch_bounds__(kPlanThreads, 1)
     dec_plan_kernel(const int32_t *kv_lens, int num_requests, int hkv, int grid, int min_tiles,
-                    int4 *tasks, int32_t *task_len, int32_t *bin_first, int32_t *pair_first,
-                    int32_t *pair_count, int32_t *info)
+                    int4 *tasks, int32_t *task_len, int32_t *bin_first, int4 *bin_task0,
+                    int32_t *bin_len0, int32_t *pair_first, int32_t *pair_count, int32_t *info)
 {
     pdl_wait(); /* the previous step's kernels may still read the map */
+    pdl_trigger();
     int num_pairs = num_requests * hkv;
     /* pass 1: tile starts of every pair (kept in pair_count until pass 2) */
     int carry = 0;
@@ -330,9 +336,14 @@ __global__ void __launch_bounds__(kPlanThreads, 1)
         int start = pair_count[p], end_all = start + tiles_of(len);
         int bin = start / per_cta + (d - pair_first[p]);
         int t0 = max(start, bin * per_cta), t1 = min(end_all, (bin + 1) * per_cta);
-        if (t0 % per_cta == 0)
+        int4 tk = make_int4(p / hkv, p % hkv, t0 - start, t1 - start);
+        if (t0 % per_cta == 0) {
+            /* the bin's head: its first task, readable with bin_first in one round trip */
             bin_first[t0 / per_cta] = d;
-        tasks[d] = make_int4(p / hkv, p % hkv, t0 - start, t1 - start);
+            bin_task0[t0 / per_cta] = tk;
+            bin_len0[t0 / per_cta] = len;
+        }
+        tasks[d] = tk;
         task_len[d] = len;
     }
     __syncthreads();
@@ -347,9 +358,6 @@ __global__ void __launch_bounds__(kPlanThreads, 1)
         info[2] = task_carry;
         info[3] = per_cta;
     }
-    __syncthreads();
-    __threadfence();
-    pdl_trigger();
 }
 
 /* ============================================================================================
@@ -975,10 +983,439 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 2 : 1) dec_attend_kernel(co
 {
     extern __shared__ __align__(128) uint8_t dec_smem[];
     pdl_wait();
-    Attend<D, FP8KV, NW, Q8>::run(p, dec_smem);
-    __syncthreads();
-    __threadfence();
     pdl_trigger();
+    Attend<D, FP8KV, NW, Q8>::run(p, dec_smem);
+}
+
+/* ============================================================================================
+ * Warp-worker attention (FP8 Q over FP8 KV, up to 32 query rows): the fast path
+ * ========================================================================================== */
+
+/* Every warp is a worker with its own bin of the task map and its own ring of shared-memory
+ * stages, each one 32-token chunk of K and V (and their in-page K scales): no barrier between
+ * warps, no merge inside the CTA, and the fixed work of a chunk (copies, softmax update) is
+ * paid once per 32 tokens by one warp instead of once per 16 tokens by each of four. A CTA is
+ * one warp, so the resident count follows shared memory alone (about nine per SM at D = 128).
+ * MT m-tiles of 16 rows share every K and V fragment: Q.K as e4m3 mma straight from the cached
+ * bytes, P.V as f16 mma with V converted in registers (exact), as in Attend. */
+template <int D, int MT> struct WarpAttend {
+    using S = Shape<D, true>;
+    static constexpr int kChunk = 32;                          /* tokens per stage */
+    static constexpr int kStages = D >= 256 ? 2 : 3;
+    static constexpr int kHalfBytes = kChunk * S::kRowBytes;    /* K (or V) of one chunk */
+    static constexpr int kStageBytes = 2 * kHalfBytes + kChunk * 4;
+    static constexpr int kRowStep = 32 / S::kChunks;           /* rows between a lane's copies */
+    static constexpr int kRowsPerLane = kChunk / kRowStep;
+    static constexpr int kNB = S::kNBlocks;
+
+    static constexpr size_t smem_bytes() { return (size_t)kStages * kStageBytes; }
+
+    /* Where the chunks of a bin come from: task k's (request, head, tile range) and length. */
+    struct Cursor {
+        int task, chunk, end; /* chunk index within the request; end exclusive */
+        int req, kvh;
+        int32_t len;
+    };
+
+    static __device__ __forceinline__ bool open_task(const DecParams &p, int first, int num,
+                                                     Cursor &cu)
+    {
+        while (cu.task < num) {
+            int4 tk = __ldg(p.tasks + first + cu.task);
+            int32_t len = __ldg(p.task_len + first + cu.task);
+            if (set_task(cu, tk, len))
+                return true;
+            cu.task++; /* an empty task (cannot come from the plan, but never loop on it) */
+        }
+        return false;
+    }
+
+    static __device__ __forceinline__ bool set_task(Cursor &cu, int4 tk, int32_t len)
+    {
+        cu.req = tk.x;
+        cu.kvh = tk.y;
+        cu.len = len;
+        cu.chunk = tk.z * 2;
+        cu.end = min(tk.w * 2, (len + kChunk - 1) / kChunk);
+        return cu.chunk < cu.end;
+    }
+
+    /* Block ids of a chunk: the page holding its first token and, with 16-token pages, the
+     * page of its second half. Past the end: -1 (nothing is read). */
+    static __device__ __forceinline__ int2 chunk_blocks(const DecParams &p, const Cursor &cu)
+    {
+        const int32_t *bt = p.block_table + (size_t)cu.req * p.bt_stride;
+        int pos = cu.chunk * kChunk;
+        int2 b;
+        b.x = pos < cu.len ? __ldg(bt + (pos >> p.page_shift)) : -1;
+        b.y = (p.page_tokens < kChunk && pos + 16 < cu.len) ? __ldg(bt + ((pos + 16) >> p.page_shift))
+                                                           : b.x;
+        return b;
+    }
+
+    /* cp.async of one chunk into a stage; rows past the end or with a block id outside the
+     * pool become zeros. */
+    static __device__ __forceinline__ void issue(const DecParams &p, uint32_t stage, float *sKs,
+                                                 const Cursor &cu, int2 blk, int lane)
+    {
+        const int j = lane % S::kChunks, row0 = lane / S::kChunks;
+        const uint8_t *base = p.pool_layer + (size_t)cu.kvh * S::kRowBytes + j * 16;
+        const int pos0 = cu.chunk * kChunk;
+#pragma unroll
+        for (int k = 0; k < kRowsPerLane; k++) {
+            int row = row0 + k * kRowStep, pos = pos0 + row;
+            int32_t b = (p.page_tokens < kChunk && row >= 16) ? blk.y : blk.x;
+            bool ok = pos < cu.len && b >= 0 && b < p.num_blocks;
+            const uint8_t *src = ok ? base + (size_t)b * p.block_stride +
+                                          (size_t)(pos & (p.page_tokens - 1)) * p.token_stride
+                                    : p.pool_layer;
+            int bytes = ok ? 16 : 0;
+            uint32_t dk = stage + row * S::kRowBytes + ((j ^ swz_k<S::kChunks>(row)) * 16);
+            uint32_t dv = stage + kHalfBytes + row * S::kRowBytes + ((j ^ swz_v<S::kChunks>(row)) * 16);
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dk), "l"(src),
+                         "r"(bytes)
+                         : "memory");
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dv),
+                         "l"(ok ? src + p.v_offset : src), "r"(bytes)
+                         : "memory");
+        }
+        if (p.per_token_head) {
+            int pos = pos0 + lane;
+            int32_t b = (p.page_tokens < kChunk && lane >= 16) ? blk.y : blk.x;
+            bool ok = pos < cu.len && b >= 0 && b < p.num_blocks;
+            const uint8_t *src = ok ? p.pool_layer + (size_t)b * p.block_stride + p.kscale_offset +
+                                          ((size_t)(pos & (p.page_tokens - 1)) * p.num_kv_heads +
+                                           cu.kvh) * 4
+                                    : p.pool_layer;
+            cp_async4(sKs + lane, src, ok ? 4 : 0);
+        }
+    }
+
+    static __device__ void run(const DecParams &p, uint8_t *smem)
+    {
+        const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+        const int R = p.rows;
+        int first = 0, num = 1;
+        Cursor ld{}, cc{};
+        if (p.static_splits) {
+            /* one (KV head, request, split) per CTA, as the fixed grid of the baseline */
+            int kvh = blockIdx.x, req = blockIdx.y, split = blockIdx.z;
+            int32_t len = max(p.kv_lens[req], 0);
+            int tb = split * p.static_chunk_tiles;
+            int te = min(tb + p.static_chunk_tiles, tiles_of(len));
+            int idx = (req * p.num_kv_heads + kvh) * p.static_splits + split;
+            if (tb >= te) {
+                for (int r = lane; r < R; r += 32)
+                    p.part_lse[(size_t)idx * R + r] = -INFINITY;
+                return;
+            }
+            ld.req = cc.req = req;
+            ld.kvh = cc.kvh = kvh;
+            ld.len = cc.len = len;
+            ld.chunk = cc.chunk = tb * 2;
+            ld.end = cc.end = min(te * 2, (len + kChunk - 1) / kChunk);
+            first = idx; /* the partial's index */
+        } else {
+            /* bin_first and the bin's head together: one round trip before the block table */
+            first = p.bin_first[blockIdx.x];
+            num = p.bin_first[blockIdx.x + 1] - first;
+            int4 tk0 = p.bin_task0[blockIdx.x];
+            int32_t len0 = p.bin_len0[blockIdx.x];
+            if (num <= 0)
+                return;
+            if (!set_task(ld, tk0, len0) && !open_task(p, first, num, ld))
+                return;
+            cc = ld;
+        }
+        const uint32_t s_base = smem_u32(smem);
+        float *sKs0 = reinterpret_cast<float *>(smem + 2 * kHalfBytes);
+
+        /* loader: block ids of the next chunk to issue are fetched one issue ahead */
+        bool ld_more = true;
+        int2 ld_blk = chunk_blocks(p, ld);
+        auto advance = [&](Cursor &cu) -> bool {
+            if (++cu.chunk < cu.end)
+                return true;
+            if (p.static_splits)
+                return false;
+            cu.task++;
+            return open_task(p, first, num, cu);
+        };
+        auto load_next = [&](int stage) {
+            issue(p, s_base + stage * kStageBytes,
+                  reinterpret_cast<float *>(reinterpret_cast<uint8_t *>(sKs0) + stage * kStageBytes),
+                  ld, ld_blk, lane);
+            ld_more = advance(ld);
+            if (ld_more)
+                ld_blk = chunk_blocks(p, ld);
+        };
+#pragma unroll
+        for (int s = 0; s < kStages - 1; s++) {
+            if (ld_more)
+                load_next(s);
+            cp_async_commit();
+        }
+
+        uint32_t qa[MT][D / 32][4];
+        float o[MT][kNB][4];
+        float m_run[MT][2], l_run[MT][2], rowmul[MT][2];
+        int lim[MT][2];
+        float v_mul = 1.0f;
+        bool fresh = true;
+        for (int i = 0;; i++) {
+            if (fresh) {
+                /* start of a task: queries into registers, state reset */
+                v_mul = p.per_token_head ? p.v_head_scales[cc.kvh] : p.v_scale;
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    load_q(p, cc.req, cc.kvh, mt * 16 + g, c, cc.len, qa[mt], rowmul[mt], lim[mt]);
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        m_run[mt][h] = -INFINITY;
+                        l_run[mt][h] = 0.0f;
+                    }
+#pragma unroll
+                    for (int nb = 0; nb < kNB; nb++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            o[mt][nb][e] = 0.0f;
+                }
+                fresh = false;
+            }
+            /* the queries above are in flight while the chunk is awaited */
+            cp_async_wait<kStages - 2>();
+            __syncwarp();
+            if (ld_more)
+                load_next((i + kStages - 1) % kStages);
+            cp_async_commit();
+
+            const int st = i % kStages;
+            const uint8_t *stage = smem + st * kStageBytes;
+            compute(p, stage, reinterpret_cast<const float *>(stage + 2 * kHalfBytes), cc.chunk,
+                    g, c, qa, rowmul, lim, m_run, l_run, o);
+
+            if (cc.chunk + 1 == cc.end) {
+                /* end of a task: the partial O (normalised, f32) and its LSE */
+                int pidx = p.static_splits ? first : first + cc.task;
+                finalize(p, pidx, R, g, c, v_mul, m_run, l_run, o);
+                fresh = true;
+            }
+            if (!advance(cc))
+                break;
+        }
+        cp_async_wait<0>();
+    }
+
+    /* Rows row0 and row0 + 8 of one m-tile: A fragments in the k order of compute() (as
+     * Attend::load_q, Q8 case), score multipliers and causal limits. */
+    static __device__ __forceinline__ void load_q(const DecParams &p, int req, int kvh, int row0,
+                                                  int c, int32_t len, uint32_t (&qa)[D / 32][4],
+                                                  float (&rowmul)[2], int (&lim)[2])
+    {
+        const int R = p.rows;
+        const float kmul = p.per_token_head ? 1.0f : p.k_scale;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int r = row0 + h * 8;
+            bool valid = r < R;
+            int t = valid ? r / p.group : 0, gh = valid ? r % p.group : 0;
+            size_t qi = ((size_t)req * p.q_len + t) * p.num_q_heads + (size_t)kvh * p.group + gh;
+            lim[h] = valid ? len - p.q_len + t + 1 : 0x7fffffff;
+            float qs = valid ? p.q_scales[qi] : 0.0f;
+            const uint8_t *q = static_cast<const uint8_t *>(p.q) + qi * D;
+#pragma unroll
+            for (int s = 0; s < D / 32; s++) {
+                int dim = 16 * (c + 4 * (s / 2)) + 8 * (s % 2);
+                uint2 w = valid ? *reinterpret_cast<const uint2 *>(q + dim) : make_uint2(0, 0);
+                qa[s][h] = w.x;
+                qa[s][h + 2] = w.y;
+            }
+            rowmul[h] = p.score_scale * qs * kmul;
+        }
+    }
+
+    /* One 32-token chunk for every m-tile: scores (e4m3 mma), online softmax (base 2), P.V. */
+    static __device__ __forceinline__ void compute(const DecParams &p, const uint8_t *stage,
+                                                   const float *sKs, int chunk, int g, int c,
+                                                   const uint32_t (&qa)[MT][D / 32][4],
+                                                   const float (&rowmul)[MT][2],
+                                                   const int (&lim)[MT][2], float (&m_run)[MT][2],
+                                                   float (&l_run)[MT][2],
+                                                   float (&o)[MT][kNB][4])
+    {
+        const uint8_t *sK = stage, *sV = stage + kHalfBytes;
+        float sc[MT][4][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nb = 0; nb < 4; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    sc[mt][nb][e] = 0.0f;
+#pragma unroll
+        for (int nb = 0; nb < 4; nb++) {
+            int row = nb * 8 + g;
+            const uint8_t *krow = sK + row * S::kRowBytes;
+#pragma unroll
+            for (int pp = 0; pp < S::kChunks / 4; pp++) {
+                uint4 kv = lds128(krow + (((c + 4 * pp) ^ swz_k<S::kChunks>(row)) * 16));
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma16832_e4m3(sc[mt][nb], qa[mt][2 * pp], kv.x, kv.y);
+                    mma16832_e4m3(sc[mt][nb], qa[mt][2 * pp + 1], kv.z, kv.w);
+                }
+            }
+        }
+        const int pos0 = chunk * kChunk;
+        uint32_t pa[MT][2][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            const bool need_mask = pos0 + kChunk > min(lim[mt][0], lim[mt][1]);
+            float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int nb = 0; nb < 4; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int h = e >> 1, col = nb * 8 + 2 * c + (e & 1);
+                    float v = sc[mt][nb][e] * rowmul[mt][h];
+                    if (p.per_token_head)
+                        v *= sKs[col];
+                    if (need_mask)
+                        v = pos0 + col < lim[mt][h] ? v : -INFINITY;
+                    sc[mt][nb][e] = v;
+                    mx[h] = fmaxf(mx[h], v);
+                }
+            float alpha[2], m_use[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float m_new = fmaxf(m_run[mt][h], quad_max(mx[h]));
+                m_use[h] = m_new == -INFINITY ? 0.0f : m_new;
+                alpha[h] = fast_exp2(m_run[mt][h] - m_use[h]);
+                m_run[mt][h] = m_new;
+            }
+            float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int nb = 0; nb < 4; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float pe = fast_exp2(sc[mt][nb][e] - m_use[e >> 1]);
+                    sc[mt][nb][e] = pe;
+                    rs[e >> 1] += pe;
+                }
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                l_run[mt][h] = l_run[mt][h] * alpha[h] + rs[h];
+            if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+                for (int nb = 0; nb < kNB; nb++) {
+                    o[mt][nb][0] *= alpha[0];
+                    o[mt][nb][1] *= alpha[0];
+                    o[mt][nb][2] *= alpha[1];
+                    o[mt][nb][3] *= alpha[1];
+                }
+            }
+#pragma unroll
+            for (int ks = 0; ks < 2; ks++) {
+                pa[mt][ks][0] = pack2<true>(sc[mt][2 * ks][0], sc[mt][2 * ks][1]);
+                pa[mt][ks][1] = pack2<true>(sc[mt][2 * ks][2], sc[mt][2 * ks][3]);
+                pa[mt][ks][2] = pack2<true>(sc[mt][2 * ks + 1][0], sc[mt][2 * ks + 1][1]);
+                pa[mt][ks][3] = pack2<true>(sc[mt][2 * ks + 1][2], sc[mt][2 * ks + 1][3]);
+            }
+        }
+        /* P.V: k16 step ks covers tokens 16ks..16ks+15; a lane's rows 2c, 2c+1 (k-slots 2c,
+         * 2c+1) and 2c+8, 2c+9, its 1/8 slice of each row: output column g of n-block nb is
+         * head dim g * D/8 + nb (as Attend). */
+#pragma unroll
+        for (int ks = 0; ks < 2; ks++) {
+            int r0 = 16 * ks + 2 * c;
+            const int slice = g * S::kSliceBytes;
+#pragma unroll
+            for (int piece = 0; piece < (S::kSliceBytes + 15) / 16; piece++) {
+                uint32_t x[4][4];
+#pragma unroll
+                for (int rr = 0; rr < 4; rr++) {
+                    int row = r0 + (rr & 1) + 8 * (rr >> 1);
+                    const uint8_t *a = sV + vaddr(row, slice + piece * 16);
+                    if (S::kSliceBytes == 8) {
+                        uint2 w = lds64(a);
+                        x[rr][0] = w.x;
+                        x[rr][1] = w.y;
+                        x[rr][2] = x[rr][3] = 0u;
+                    } else {
+                        uint4 w = lds128(a);
+                        x[rr][0] = w.x;
+                        x[rr][1] = w.y;
+                        x[rr][2] = w.z;
+                        x[rr][3] = w.w;
+                    }
+                }
+#pragma unroll
+                for (int wv = 0; wv < (S::kSliceBytes == 8 ? 2 : 4); wv++) {
+                    uint32_t lo01 = prmt(x[0][wv], x[1][wv], 0x5140);
+                    uint32_t hi01 = prmt(x[0][wv], x[1][wv], 0x7362);
+                    uint32_t lo23 = prmt(x[2][wv], x[3][wv], 0x5140);
+                    uint32_t hi23 = prmt(x[2][wv], x[3][wv], 0x7362);
+                    uint32_t b[4][2] = {
+                        {e4m3x2_to_f16x2(lo01 & 0xffffu), e4m3x2_to_f16x2(lo23 & 0xffffu)},
+                        {e4m3x2_to_f16x2(lo01 >> 16), e4m3x2_to_f16x2(lo23 >> 16)},
+                        {e4m3x2_to_f16x2(hi01 & 0xffffu), e4m3x2_to_f16x2(hi23 & 0xffffu)},
+                        {e4m3x2_to_f16x2(hi01 >> 16), e4m3x2_to_f16x2(hi23 >> 16)}};
+                    int nb = (piece * 4 + wv) * 4;
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                        for (int u = 0; u < 4; u++)
+                            mma16816<true>(o[mt][nb + u], pa[mt][ks], b[u][0], b[u][1]);
+                }
+            }
+        }
+    }
+
+    static __device__ __forceinline__ int vaddr(int row, int off)
+    {
+        int j = off >> 4;
+        return row * S::kRowBytes + ((j ^ swz_v<S::kChunks>(row)) << 4) + (off & 15);
+    }
+
+    static __device__ __forceinline__ void finalize(const DecParams &p, int pidx, int R, int g,
+                                                    int c, float v_mul,
+                                                    const float (&m_run)[MT][2],
+                                                    const float (&l_run)[MT][2],
+                                                    const float (&o)[MT][kNB][4])
+    {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float l = quad_sum(l_run[mt][h]);
+                int r = mt * 16 + g + 8 * h;
+                if (r >= R)
+                    continue;
+                float inv = l > 0.0f ? v_mul / l : 0.0f;
+                float *dst = p.part_o + ((size_t)pidx * R + r) * D;
+                /* dims 2c * D/8 + nb and (2c + 1) * D/8 + nb: two runs of D/8 floats */
+#pragma unroll
+                for (int nb = 0; nb < kNB; nb += 4) {
+                    *reinterpret_cast<float4 *>(dst + (2 * c) * (D / 8) + nb) =
+                        make_float4(o[mt][nb][2 * h] * inv, o[mt][nb + 1][2 * h] * inv,
+                                    o[mt][nb + 2][2 * h] * inv, o[mt][nb + 3][2 * h] * inv);
+                    *reinterpret_cast<float4 *>(dst + (2 * c + 1) * (D / 8) + nb) =
+                        make_float4(o[mt][nb][2 * h + 1] * inv, o[mt][nb + 1][2 * h + 1] * inv,
+                                    o[mt][nb + 2][2 * h + 1] * inv, o[mt][nb + 3][2 * h + 1] * inv);
+                }
+                if (c == 0)
+                    p.part_lse[(size_t)pidx * R + r] = l > 0.0f ? m_run[mt][h] + log2f(l) : -INFINITY;
+            }
+    }
+};
+
+template <int D, int MT>
+__global__ void __launch_bounds__(32) dec_warp_kernel(const DecParams p)
+{
+    extern __shared__ __align__(128) uint8_t dec_smem[];
+    pdl_wait();
+    pdl_trigger();
+    WarpAttend<D, MT>::run(p, dec_smem);
 }
 
 /* ============================================================================================
@@ -994,20 +1431,21 @@ struct CombineParams {
     float *lse;
 };
 
-/* One CTA per (pair, row): a split pair can have a hundred partials or more, so they are read
- * in parallel: thread (group, quad) sums 4 dims of every kGroups-th partial, then the groups
- * are added in shared memory. */
-constexpr int kCombineThreads = 128;
-
-template <int D>
-__global__ void __launch_bounds__(kCombineThreads) dec_combine_kernel(const CombineParams p)
+/* One CTA per (pair, row), one pass over the partials: thread (group, quad) folds 4 dims of
+ * every kGroups-th partial into its own running (max, sum, O), the loads of consecutive
+ * partials independent of each other (no branch on the LSE before a load), then the groups
+ * are merged in shared memory. A long request split over hundreds of workers has hundreds of
+ * partials per row, so the launcher gives few, busy CTAs more threads (kThreads 512) and many
+ * CTAs fewer (128), so that they fit in one wave. */
+template <int D, int kThreads>
+__global__ void __launch_bounds__(kThreads) dec_combine_kernel(const CombineParams p)
 {
-    constexpr int kQuads = D / 4, kGroups = kCombineThreads / kQuads;
-    __shared__ float red[32];
+    constexpr int kQuads = D / 4, kGroups = kThreads / kQuads;
+    __shared__ float s_m[kGroups], s_s[kGroups];
     __shared__ float4 part[kGroups][kQuads];
     pdl_wait();
+    pdl_trigger();
     const int pair = blockIdx.x, r = blockIdx.y, tid = threadIdx.x;
-    const int lane = tid & 31, warp = tid >> 5;
     const int req = pair / p.num_kv_heads, kvh = pair % p.num_kv_heads;
     int first, count;
     if (p.pair_first) {
@@ -1017,65 +1455,63 @@ __global__ void __launch_bounds__(kCombineThreads) dec_combine_kernel(const Comb
         first = pair * p.static_splits;
         count = p.static_splits;
     }
-    const float *lse = p.part_lse + (size_t)first * p.rows + r;
-    /* global max and sum of weights */
-    float mx = -INFINITY;
-    for (int i = tid; i < count; i += kCombineThreads)
-        mx = fmaxf(mx, lse[(size_t)i * p.rows]);
-#pragma unroll
-    for (int o = 16; o; o >>= 1)
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    if (lane == 0)
-        red[warp] = mx;
-    __syncthreads();
-    mx = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
-    float ws = 0.0f;
-    if (mx != -INFINITY)
-        for (int i = tid; i < count; i += kCombineThreads) {
-            float li = lse[(size_t)i * p.rows];
-            ws += li == -INFINITY ? 0.0f : exp2f(li - mx);
-        }
-#pragma unroll
-    for (int o = 16; o; o >>= 1)
-        ws += __shfl_xor_sync(0xffffffffu, ws, o);
-    __syncthreads();
-    if (lane == 0)
-        red[4 + warp] = ws;
-    __syncthreads();
-    const float wsum = red[4] + red[5] + red[6] + red[7];
-    /* weighted sum of the partial O rows */
     const int quad = tid % kQuads, grp = tid / kQuads;
+    float m = -INFINITY, sum = 0.0f;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (mx != -INFINITY) {
-#pragma unroll 4
-        for (int i = grp; i < count; i += kGroups) {
-            float li = lse[(size_t)i * p.rows];
-            if (li == -INFINITY)
-                continue; /* weight 0; its O was never written */
-            float w = exp2f(li - mx);
-            float4 v = *reinterpret_cast<const float4 *>(
-                p.part_o + ((size_t)(first + i) * p.rows + r) * D + quad * 4);
-            acc.x += w * v.x;
-            acc.y += w * v.y;
-            acc.z += w * v.z;
-            acc.w += w * v.w;
-        }
+#pragma unroll 8
+    for (int i = grp; i < count; i += kGroups) {
+        size_t at = (size_t)(first + i) * p.rows + r;
+        float li = p.part_lse[at];
+        float4 v = *reinterpret_cast<const float4 *>(p.part_o + at * D + quad * 4);
+        /* branch-free, so the loads of the unrolled iterations go out together */
+        float m_new = fmaxf(m, li);
+        float sc = m_new == -INFINITY ? 1.0f : exp2f(m - m_new);
+        acc.x *= sc;
+        acc.y *= sc;
+        acc.z *= sc;
+        acc.w *= sc;
+        sum *= sc;
+        m = m_new;
+        /* an empty split's O was never written: weight 0 and its bytes not used */
+        float w = li == -INFINITY ? 0.0f : exp2f(li - m);
+        bool use = w > 0.0f;
+        acc.x = use ? fmaf(w, v.x, acc.x) : acc.x;
+        acc.y = use ? fmaf(w, v.y, acc.y) : acc.y;
+        acc.z = use ? fmaf(w, v.z, acc.z) : acc.z;
+        acc.w = use ? fmaf(w, v.w, acc.w) : acc.w;
+        sum += w;
     }
     part[grp][quad] = acc;
+    if (quad == 0) {
+        s_m[grp] = m;
+        s_s[grp] = sum;
+    }
     __syncthreads();
     if (grp == 0) {
-        for (int k = 1; k < kGroups; k++) {
-            float4 b = part[k][quad];
-            acc.x += b.x;
-            acc.y += b.y;
-            acc.z += b.z;
-            acc.w += b.w;
-        }
+        float mx = -INFINITY;
+#pragma unroll
+        for (int k = 0; k < kGroups; k++)
+            mx = fmaxf(mx, s_m[k]);
+        float wsum = 0.0f;
+        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (mx != -INFINITY)
+#pragma unroll
+            for (int k = 0; k < kGroups; k++) {
+                if (s_m[k] == -INFINITY)
+                    continue;
+                float sc = exp2f(s_m[k] - mx);
+                float4 b = part[k][quad];
+                wsum += s_s[k] * sc;
+                o.x += b.x * sc;
+                o.y += b.y * sc;
+                o.z += b.z * sc;
+                o.w += b.w * sc;
+            }
         float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
         int t = r / p.group, gh = r % p.group;
         size_t oi = ((size_t)req * p.q_len + t) * p.num_q_heads + (size_t)kvh * p.group + gh;
-        uint2 packed = make_uint2(tkvk_bf16x2_from_float2(acc.x * inv, acc.y * inv),
-                                  tkvk_bf16x2_from_float2(acc.z * inv, acc.w * inv));
+        uint2 packed = make_uint2(tkvk_bf16x2_from_float2(o.x * inv, o.y * inv),
+                                  tkvk_bf16x2_from_float2(o.z * inv, o.w * inv));
         *reinterpret_cast<uint2 *>(p.out + oi * D + quad * 4) = packed;
         if (p.lse && quad == 0)
             p.lse[oi] = wsum > 0.0f ? mx + log2f(wsum) : -INFINITY;
@@ -1136,8 +1572,27 @@ struct AttendVariant {
     int threads;
 };
 
-AttendVariant pick_variant(int head_dim, bool fp8, int rows, bool q8)
+template <int D, int MT> AttendVariant warp_variant()
 {
+    return AttendVariant{dec_warp_kernel<D, MT>, WarpAttend<D, MT>::smem_bytes(), 32};
+}
+
+/* Set by tkvk__decode_force_cta() (benchmarks): plans made and steps launched while it is
+ * on use the CTA kernel for every shape. */
+int g_force_cta = 0;
+
+/* FP8 Q over FP8 KV with up to 16 rows (32 at D <= 128) runs the warp-worker kernel; every
+ * other combination the CTA kernel with 4 warps (8 past 64 rows). */
+AttendVariant pick_variant(int head_dim, bool fp8, int rows, bool q8, bool cta_only)
+{
+    if (fp8 && q8 && !cta_only && (rows <= 16 || (rows <= 32 && head_dim <= 128))) {
+        if (head_dim == 64)
+            return rows > 16 ? warp_variant<64, 2>() : warp_variant<64, 1>();
+        if (head_dim == 128)
+            return rows > 16 ? warp_variant<128, 2>() : warp_variant<128, 1>();
+        if (head_dim == 256)
+            return warp_variant<256, 1>();
+    }
     bool wide = rows > 64;
 #define TKVK_DEC_V(D_, F_, Q_)                                                                   \
     if (head_dim == D_ && fp8 == F_ && q8 == Q_)                                                 \
@@ -1186,7 +1641,8 @@ struct tkvk_decode_plan {
     int max_requests, num_kv_heads, max_rows, head_dim;
     int task_cap;
     int4 *tasks;
-    int32_t *task_len, *bin_first, *pair_first, *pair_count, *info;
+    int32_t *task_len, *bin_first, *bin_len0, *pair_first, *pair_count, *info;
+    int4 *bin_task0;
     float *part_o, *part_lse;
     int planned_requests; /* num_requests of the last plan launch, -1 before the first */
 };
@@ -1206,15 +1662,18 @@ static int dec_set_smem_limits(void)
 static int dec_set_smem_limits_now(void)
 {
     static const int dims[3] = {64, 128, 256};
-    for (int i = 0; i < 3; i++)
-        for (int f = 0; f < 2; f++)
-            for (int rows = 64; rows <= 128; rows += 64)
-                for (int q8 = 0; q8 <= f; q8++) {
-                    AttendVariant v = pick_variant(dims[i], f != 0, rows, q8 != 0);
-                    TKVK_CUDA_TRY(cudaFuncSetAttribute((const void *)v.fn,
-                                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                       (int)v.smem));
-                }
+    static const int row_counts[4] = {16, 32, 64, 128};
+    for (int force = 0; force <= 1; force++)
+        for (int i = 0; i < 3; i++)
+            for (int f = 0; f < 2; f++)
+                for (int ri = 0; ri < 4; ri++)
+                    for (int q8 = 0; q8 <= f; q8++) {
+                        AttendVariant v = pick_variant(dims[i], f != 0, row_counts[ri], q8 != 0,
+                                                       force != 0);
+                        TKVK_CUDA_TRY(cudaFuncSetAttribute(
+                            (const void *)v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            (int)v.smem));
+                    }
     return TKVK_OK;
 }
 
@@ -1244,7 +1703,7 @@ extern "C" int tkvk_decode_plan_create(tkvk_decode_plan **out, int max_requests,
         return tkvk__fail(TKVK_EINVAL, "decode_plan_create: out of memory");
     int rc = TKVK_OK, occ = 0;
     size_t pairs = (size_t)max_requests * num_kv_heads;
-    AttendVariant v = pick_variant(head_dim, true, max_rows, true);
+    AttendVariant v = pick_variant(head_dim, true, max_rows, true, g_force_cta != 0);
     cudaError_t e;
 #define DEC_TRY(call)                                                                            \
     do {                                                                                         \
@@ -1264,7 +1723,7 @@ extern "C" int tkvk_decode_plan_create(tkvk_decode_plan **out, int max_requests,
     if (occ < 1)
         occ = 1;
     pl->grid = pl->num_sms * occ;
-    pl->min_tiles = TKVK_DECODE_DEFAULT_MIN_TILES;
+    pl->min_tiles = v.threads == 32 ? TKVK_DECODE_DEFAULT_MIN_TILES : TKVK_DECODE_CTA_MIN_TILES;
     pl->max_requests = max_requests;
     pl->num_kv_heads = num_kv_heads;
     pl->max_rows = max_rows;
@@ -1274,6 +1733,8 @@ extern "C" int tkvk_decode_plan_create(tkvk_decode_plan **out, int max_requests,
     DEC_TRY(cudaMalloc((void **)&pl->tasks, (size_t)pl->task_cap * sizeof(int4)));
     DEC_TRY(cudaMalloc((void **)&pl->task_len, (size_t)pl->task_cap * sizeof(int32_t)));
     DEC_TRY(cudaMalloc((void **)&pl->bin_first, ((size_t)pl->grid + 1) * sizeof(int32_t)));
+    DEC_TRY(cudaMalloc((void **)&pl->bin_task0, (size_t)pl->grid * sizeof(int4)));
+    DEC_TRY(cudaMalloc((void **)&pl->bin_len0, (size_t)pl->grid * sizeof(int32_t)));
     DEC_TRY(cudaMalloc((void **)&pl->pair_first, pairs * sizeof(int32_t)));
     DEC_TRY(cudaMalloc((void **)&pl->pair_count, pairs * sizeof(int32_t)));
     DEC_TRY(cudaMalloc((void **)&pl->info, 4 * sizeof(int32_t)));
@@ -1295,6 +1756,8 @@ extern "C" void tkvk_decode_plan_destroy(tkvk_decode_plan *pl)
     cudaFree(pl->tasks);
     cudaFree(pl->task_len);
     cudaFree(pl->bin_first);
+    cudaFree(pl->bin_task0);
+    cudaFree(pl->bin_len0);
     cudaFree(pl->pair_first);
     cudaFree(pl->pair_count);
     cudaFree(pl->info);
@@ -1306,6 +1769,11 @@ extern "C" void tkvk_decode_plan_destroy(tkvk_decode_plan *pl)
 extern "C" int tkvk_decode_plan_grid(const tkvk_decode_plan *pl)
 {
     return pl ? pl->grid : 0;
+}
+
+extern "C" int tkvk_decode_plan_min_tiles(const tkvk_decode_plan *pl)
+{
+    return pl ? pl->min_tiles : 0;
 }
 
 extern "C" int tkvk_decode_plan_set_min_tiles(tkvk_decode_plan *pl, int min_tiles_per_cta)
@@ -1330,6 +1798,7 @@ extern "C" int tkvk_decode_plan_cuda(tkvk_decode_plan *pl, const int32_t *kv_len
     TKVK_CUDA_TRY(launch_pdl(dec_plan_kernel, dim3(1), dim3(kPlanThreads), 0,
                              (cudaStream_t)stream, kv_lens, num_requests, pl->num_kv_heads,
                              pl->grid, pl->min_tiles, pl->tasks, pl->task_len, pl->bin_first,
+                             pl->bin_task0, pl->bin_len0,
                              pl->pair_first,
                              pl->pair_count, pl->info));
     TKVK_CUDA_TRY(cudaGetLastError());
@@ -1427,10 +1896,14 @@ static int dec_fill_params(const tkvk_decode_plan *pl, const tkvk_decode_args *a
 }
 
 template <int D>
-static cudaError_t dec_launch_combine(const CombineParams &cp, int pairs, cudaStream_t s)
+static cudaError_t dec_launch_combine(const CombineParams &cp, int pairs, int num_sms,
+                                      cudaStream_t s)
 {
-    return launch_pdl(dec_combine_kernel<D>, dim3(pairs, cp.rows), dim3(kCombineThreads), 0, s,
-                      cp);
+    /* few CTAs (a handful of requests, perhaps one split hundreds of ways): 512 threads each;
+     * many: 128, so that they are resident at once */
+    if ((int64_t)pairs * cp.rows <= 4LL * num_sms)
+        return launch_pdl(dec_combine_kernel<D, 512>, dim3(pairs, cp.rows), dim3(512), 0, s, cp);
+    return launch_pdl(dec_combine_kernel<D, 128>, dim3(pairs, cp.rows), dim3(128), 0, s, cp);
 }
 
 static int dec_combine(const tkvk_decode_plan *pl, const tkvk_decode_args *a, const DecParams &p,
@@ -1452,9 +1925,9 @@ static int dec_combine(const tkvk_decode_plan *pl, const tkvk_decode_args *a, co
     cp.lse = a->lse;
     int pairs = a->num_requests * p.num_kv_heads;
     switch (cp.head_dim) {
-    case 64: TKVK_CUDA_TRY(dec_launch_combine<64>(cp, pairs, s)); break;
-    case 128: TKVK_CUDA_TRY(dec_launch_combine<128>(cp, pairs, s)); break;
-    default: TKVK_CUDA_TRY(dec_launch_combine<256>(cp, pairs, s)); break;
+    case 64: TKVK_CUDA_TRY(dec_launch_combine<64>(cp, pairs, pl->num_sms, s)); break;
+    case 128: TKVK_CUDA_TRY(dec_launch_combine<128>(cp, pairs, pl->num_sms, s)); break;
+    default: TKVK_CUDA_TRY(dec_launch_combine<256>(cp, pairs, pl->num_sms, s)); break;
     }
     TKVK_CUDA_TRY(cudaGetLastError());
     return TKVK_OK;
@@ -1476,9 +1949,12 @@ extern "C" int tkvk_decode_attend_cuda(tkvk_decode_plan *pl, const tkvk_decode_a
     p.tasks = pl->tasks;
     p.task_len = pl->task_len;
     p.bin_first = pl->bin_first;
+    p.bin_task0 = pl->bin_task0;
+    p.bin_len0 = pl->bin_len0;
     cudaStream_t s = (cudaStream_t)stream;
     bool fp8kv = a->layout->kv_dtype == TKVK_DTYPE_FP8_E4M3;
-    AttendVariant v = pick_variant(a->layout->head_dim, fp8kv, p.rows, fp8kv && p.q_fp8);
+    AttendVariant v = pick_variant(a->layout->head_dim, fp8kv, p.rows, fp8kv && p.q_fp8,
+                                   g_force_cta != 0);
     if ((rc = dec_set_smem_limits()) != TKVK_OK)
         return rc;
     TKVK_CUDA_TRY(launch_pdl(v.fn, dim3(pl->grid), dim3(v.threads), v.smem, s, p));
@@ -1509,13 +1985,19 @@ extern "C" int tkvk_decode_static_cuda(tkvk_decode_plan *pl, const tkvk_decode_a
     p.static_chunk_tiles = max_tiles > 0 ? (max_tiles + splits - 1) / splits : 1;
     cudaStream_t s = (cudaStream_t)stream;
     bool fp8kv = a->layout->kv_dtype == TKVK_DTYPE_FP8_E4M3;
-    AttendVariant v = pick_variant(a->layout->head_dim, fp8kv, p.rows, fp8kv && p.q_fp8);
+    AttendVariant v = pick_variant(a->layout->head_dim, fp8kv, p.rows, fp8kv && p.q_fp8,
+                                   g_force_cta != 0);
     if ((rc = dec_set_smem_limits()) != TKVK_OK)
         return rc;
     TKVK_CUDA_TRY(launch_pdl(v.fn, dim3(p.num_kv_heads, a->num_requests, splits),
                              dim3(v.threads), v.smem, s, p));
     TKVK_CUDA_TRY(cudaGetLastError());
     return dec_combine(pl, a, p, true, s);
+}
+
+extern "C" void tkvk__decode_force_cta(int on)
+{
+    g_force_cta = on != 0;
 }
 
 extern "C" int tkvk_merge_states_cuda(const uint16_t *o_a, const float *lse_a,

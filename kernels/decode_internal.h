@@ -15,7 +15,11 @@ extern "C" {
 #define TKVK_DECODE_MAX_GROUP 16
 #define TKVK_DECODE_MAX_Q_LEN 8
 #define TKVK_DECODE_MAX_ROWS (TKVK_DECODE_MAX_GROUP * TKVK_DECODE_MAX_Q_LEN)
-#define TKVK_DECODE_DEFAULT_MIN_TILES 4
+/* Default floors of tiles per worker: a warp worker (warp-worker kernel) and a CTA (CTA
+ * kernel). Measured on an H200 (docs/perf.md): below these, the extra partials cost more in
+ * the combine than the finer split saves. */
+#define TKVK_DECODE_DEFAULT_MIN_TILES 2
+#define TKVK_DECODE_CTA_MIN_TILES 4
 
 /* Shape checks common to every decode entry point (pointers are only checked for NULL;
  * their contents are the CPU path's to validate). `who` prefixes the error sentence. */
@@ -30,6 +34,11 @@ static inline int tkvk__decode_tiles(int32_t kv_len)
 /* Splits for the static baseline: enough CTAs over (pairs x splits) to fill `grid` CTA
  * slots, never more splits than the longest request has tiles. */
 int tkvk__decode_static_splits(int num_pairs, int max_kv_len, int grid);
+
+/* Benchmarks only (not thread-safe): while on, plans made and decode steps launched use the
+ * CTA kernel for every shape instead of the warp-worker kernel, so both can be timed in one
+ * run. A plan must be used with the setting it was made with. */
+void tkvk__decode_force_cta(int on);
 
 #ifdef __cplusplus
 }

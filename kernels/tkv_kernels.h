@@ -288,9 +288,12 @@ typedef struct tkvk_decode_plan tkvk_decode_plan;
 int tkvk_decode_plan_create(tkvk_decode_plan **out, int max_requests, int num_kv_heads,
                             int max_rows, int head_dim);
 void tkvk_decode_plan_destroy(tkvk_decode_plan *plan);
-/* The persistent grid (CTAs) and the floor (tiles per CTA) the plan kernel uses. */
+/* The persistent grid (workers: one warp each in the warp-worker kernel, one CTA each in the
+ * CTA kernel) and the floor (tiles per worker) the plan kernel uses. */
 int tkvk_decode_plan_grid(const tkvk_decode_plan *plan);
-/* Overrides the floor (>= 1); the default is 4 tiles (256 tokens). */
+int tkvk_decode_plan_min_tiles(const tkvk_decode_plan *plan);
+/* Overrides the floor (>= 1); the default is 2 tiles (128 tokens) per worker for the
+ * warp-worker kernel, 4 for the CTA kernel. */
 int tkvk_decode_plan_set_min_tiles(tkvk_decode_plan *plan, int min_tiles_per_cta);
 
 /* Plan kernel: reads kv_lens (device) and writes the task map on the device; no host round

@@ -29,6 +29,7 @@
 
 #include <vector>
 
+#include "decode_internal.h"
 #include "tkv_kernels.h"
 
 #define CK(call)                                                                                 \
@@ -493,7 +494,8 @@ static void run_case(const Case &c, cudaStream_t s, bool check_map)
         TK(tkvk_decode_map_init(&dm, pairs, grid));
         TK(tkvk_decode_map_init(&cm, pairs, grid));
         TK(tkvk_decode_plan_download(plan, &dm, s));
-        TK(tkvk_decode_plan_cpu(c.lens.data(), (int)c.lens.size(), c.hkv, grid, 4, &cm));
+        TK(tkvk_decode_plan_cpu(c.lens.data(), (int)c.lens.size(), c.hkv, grid,
+                                tkvk_decode_plan_min_tiles(plan), &cm));
         bool eq = dm.num_tasks == cm.num_tasks && dm.num_bins == cm.num_bins &&
                   dm.tiles_per_cta == cm.tiles_per_cta && dm.num_tiles == cm.num_tiles &&
                   memcmp(dm.tasks, cm.tasks, (size_t)cm.num_tasks * sizeof *cm.tasks) == 0 &&
@@ -672,6 +674,30 @@ int main(void)
                 c.lens = {0, 1, P - 1, P, P + 1, extra, c.q_len > 1 ? c.q_len - 1 : 2, 64 + rnd_int(200)};
                 run_case(c, s, k % 4 == 0);
             }
+    /* FP8 Q over FP8 KV with up to 32 rows per pair runs the warp-worker kernel: every head
+     * dim x scale mode x page size, rows from 1 to 32 (D = 256 past 16 rows: CTA kernel). */
+    static const int gq[8][2] = {{8, 1}, {8, 4}, {16, 1}, {3, 5}, {12, 2}, {1, 8}, {4, 8}, {2, 1}};
+    k = 0;
+    for (int di = 0; di < 3; di++)
+        for (int mode = 0; mode < 2; mode++)
+            for (int pi = 0; pi < 4; pi++, k++) {
+                int P = pages[pi];
+                Case c = {dims[di], P, TKVK_DTYPE_FP8_E4M3,
+                          mode ? TKVK_SCALE_PER_TOKEN_HEAD : TKVK_SCALE_PER_TENSOR,
+                          TKVK_DTYPE_FP8_E4M3, 1 + k % 3, gq[k % 8][0], gq[k % 8][1],
+                          {P + 1, 0, 1, 31, 32, 33, P - 1, P, 300 + rnd_int(2500),
+                           gq[k % 8][1] > 1 ? gq[k % 8][1] - 1 : 2, 64 + rnd_int(200)}};
+                run_case(c, s, k % 4 == 0);
+            }
+    /* The same shapes through the CTA kernel (what the benchmark compares against). */
+    tkvk__decode_force_cta(1);
+    for (int i = 0; i < 4; i++) {
+        Case c = {i < 2 ? 128 : 64, i % 2 ? 16 : 64, TKVK_DTYPE_FP8_E4M3,
+                  i == 3 ? TKVK_SCALE_PER_TOKEN_HEAD : TKVK_SCALE_PER_TENSOR, TKVK_DTYPE_FP8_E4M3,
+                  2, gq[i][0], gq[i][1], {4097, 0, 1, 63, 64, 65, 300 + rnd_int(2500)}};
+        run_case(c, s, false);
+    }
+    tkvk__decode_force_cta(0);
     /* The benchmark's shapes, with 128K in the batch. */
     {
         Case c = {128, 64, TKVK_DTYPE_FP8_E4M3, TKVK_SCALE_PER_TENSOR, TKVK_DTYPE_FP8_E4M3, 1, 8, 1,
