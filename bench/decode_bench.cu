@@ -319,27 +319,29 @@ static Row run(const BenchCase &bc, int hq, int hkv, int q_len, cudaStream_t s)
         CK(cudaStreamSynchronize(s));
         row.floor_us[f] = time_graph(dyn_exec, s, false);
     }
-    /* the CTA kernel: its own plan (its grid follows its occupancy) */
-    {
-        tkvk__decode_force_cta(1);
-        tkvk_decode_plan *cta_plan;
-        cudaGraphExec_t cta_exec;
-        TK(tkvk_decode_plan_create(&cta_plan, nreq, hkv, (hq / hkv) * q_len, D));
-        TK(tkvk_decode_plan_cuda(cta_plan, d_lens, nreq, s));
+    /* the CTA kernel, with its own plan (the grid follows the kernel's occupancy); its output
+     * goes to d_out2 and is compared below */
+    auto time_kernel = [&](int which) {
+        tkvk__decode_kernel(which);
+        tkvk_decode_plan *kp;
+        cudaGraphExec_t kexec;
+        TK(tkvk_decode_plan_create(&kp, nreq, hkv, (hq / hkv) * q_len, D));
+        TK(tkvk_decode_plan_cuda(kp, d_lens, nreq, s));
         CK(cudaStreamSynchronize(s));
-        tkvk_decode_args ac = a;
-        ac.out = d_out2;
+        tkvk_decode_args ak = a;
+        ak.out = d_out2;
         CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-        TK(tkvk_decode_attend_cuda(cta_plan, &ac, s));
+        TK(tkvk_decode_attend_cuda(kp, &ak, s));
         CK(cudaStreamEndCapture(s, &g));
-        CK(cudaGraphInstantiate(&cta_exec, g, 0));
+        CK(cudaGraphInstantiate(&kexec, g, 0));
         CK(cudaGraphDestroy(g));
-        row.cta = time_graph(cta_exec, s, false);
-        CK(cudaGraphExecDestroy(cta_exec));
-        tkvk_decode_plan_destroy(cta_plan);
-        tkvk__decode_force_cta(0);
-    }
-
+        double us = time_graph(kexec, s, false);
+        CK(cudaGraphExecDestroy(kexec));
+        tkvk_decode_plan_destroy(kp);
+        tkvk__decode_kernel(TKVK__DEC_AUTO);
+        return us;
+    };
+    row.cta = time_kernel(TKVK__DEC_CTA);
     /* dynamic, static and the CTA kernel must agree (all replayed on the same inputs) */
     std::vector<uint16_t> o_cta(qn);
     CK(cudaMemcpy(o_cta.data(), d_out2, qn * 2, cudaMemcpyDeviceToHost));

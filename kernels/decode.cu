@@ -78,6 +78,11 @@ struct DecParams {
     /* partial results: [task][rows][D] and [task][rows] */
     float *part_o;
     float *part_lse;
+    /* direct: a task that is a whole (request, KV head) writes out/lse itself (the combine
+     * skips pairs of one task); only the warp-worker kernel's dynamic path */
+    int direct;
+    uint16_t *out;
+    float *lse;
 };
 
 template <int D, bool FP8KV> struct Shape {
@@ -998,10 +1003,15 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 2 : 1) dec_attend_kernel(co
  * one warp, so the resident count follows shared memory alone (about nine per SM at D = 128).
  * MT m-tiles of 16 rows share every K and V fragment: Q.K as e4m3 mma straight from the cached
  * bytes, P.V as f16 mma with V converted in registers (exact), as in Attend. */
-template <int D, int MT> struct WarpAttend {
+template <int D, int MT, bool kLo8 = false> struct WarpAttend {
+    static_assert(!kLo8 || MT == 1, "rows <= 8 is one m-tile");
+    /* kLo8: at most 8 rows, so the m-tile's rows 8..15 are padding: their softmax is skipped */
+    static constexpr int kHalves = kLo8 ? 1 : 2;
     using S = Shape<D, true>;
     static constexpr int kChunk = 32;                          /* tokens per stage */
-    static constexpr int kStages = D >= 256 ? 2 : 3;
+    /* two stages: one chunk in flight while one is computed. Measured on an H200 against
+     * three (docs/perf.md): two were as fast or faster on nearly every case */
+    static constexpr int kStages = 2;
     static constexpr int kHalfBytes = kChunk * S::kRowBytes;    /* K (or V) of one chunk */
     static constexpr int kStageBytes = 2 * kHalfBytes + kChunk * 4;
     static constexpr int kRowStep = 32 / S::kChunks;           /* rows between a lane's copies */
@@ -1015,6 +1025,7 @@ template <int D, int MT> struct WarpAttend {
         int task, chunk, end; /* chunk index within the request; end exclusive */
         int req, kvh;
         int32_t len;
+        bool whole; /* the task is its pair's only one */
     };
 
     static __device__ __forceinline__ bool open_task(const DecParams &p, int first, int num,
@@ -1037,6 +1048,7 @@ template <int D, int MT> struct WarpAttend {
         cu.len = len;
         cu.chunk = tk.z * 2;
         cu.end = min(tk.w * 2, (len + kChunk - 1) / kChunk);
+        cu.whole = tk.z == 0 && tk.w >= tiles_of(len);
         return cu.chunk < cu.end;
     }
 
@@ -1061,23 +1073,48 @@ template <int D, int MT> struct WarpAttend {
         const int j = lane % S::kChunks, row0 = lane / S::kChunks;
         const uint8_t *base = p.pool_layer + (size_t)cu.kvh * S::kRowBytes + j * 16;
         const int pos0 = cu.chunk * kChunk;
+        if (p.page_tokens >= kChunk && pos0 + kChunk <= cu.len && blk.x >= 0 &&
+            blk.x < p.num_blocks) {
+            /* the common case: a whole chunk inside one valid page, rows token_stride apart,
+             * so one 64-bit address and an add per row */
+            const uint8_t *src = base + (size_t)blk.x * p.block_stride +
+                                 (size_t)((pos0 & (p.page_tokens - 1)) + row0) * p.token_stride;
+            const size_t step = (size_t)kRowStep * p.token_stride;
 #pragma unroll
-        for (int k = 0; k < kRowsPerLane; k++) {
-            int row = row0 + k * kRowStep, pos = pos0 + row;
-            int32_t b = (p.page_tokens < kChunk && row >= 16) ? blk.y : blk.x;
-            bool ok = pos < cu.len && b >= 0 && b < p.num_blocks;
-            const uint8_t *src = ok ? base + (size_t)b * p.block_stride +
-                                          (size_t)(pos & (p.page_tokens - 1)) * p.token_stride
-                                    : p.pool_layer;
-            int bytes = ok ? 16 : 0;
-            uint32_t dk = stage + row * S::kRowBytes + ((j ^ swz_k<S::kChunks>(row)) * 16);
-            uint32_t dv = stage + kHalfBytes + row * S::kRowBytes + ((j ^ swz_v<S::kChunks>(row)) * 16);
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dk), "l"(src),
-                         "r"(bytes)
-                         : "memory");
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dv),
-                         "l"(ok ? src + p.v_offset : src), "r"(bytes)
-                         : "memory");
+            for (int k = 0; k < kRowsPerLane; k++) {
+                int row = row0 + k * kRowStep;
+                uint32_t dk = stage + row * S::kRowBytes + ((j ^ swz_k<S::kChunks>(row)) * 16);
+                uint32_t dv =
+                    stage + kHalfBytes + row * S::kRowBytes + ((j ^ swz_v<S::kChunks>(row)) * 16);
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dk), "l"(src)
+                             : "memory");
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dv),
+                             "l"(src + p.v_offset)
+                             : "memory");
+                src += step;
+            }
+        } else {
+            /* the last chunk of a request, 16-token pages, or a block id outside the pool:
+             * row by row, zeros where nothing may be read */
+#pragma unroll
+            for (int k = 0; k < kRowsPerLane; k++) {
+                int row = row0 + k * kRowStep, pos = pos0 + row;
+                int32_t b = (p.page_tokens < kChunk && row >= 16) ? blk.y : blk.x;
+                bool ok = pos < cu.len && b >= 0 && b < p.num_blocks;
+                const uint8_t *src = ok ? base + (size_t)b * p.block_stride +
+                                              (size_t)(pos & (p.page_tokens - 1)) * p.token_stride
+                                        : p.pool_layer;
+                int bytes = ok ? 16 : 0;
+                uint32_t dk = stage + row * S::kRowBytes + ((j ^ swz_k<S::kChunks>(row)) * 16);
+                uint32_t dv =
+                    stage + kHalfBytes + row * S::kRowBytes + ((j ^ swz_v<S::kChunks>(row)) * 16);
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dk), "l"(src),
+                             "r"(bytes)
+                             : "memory");
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dv),
+                             "l"(ok ? src + p.v_offset : src), "r"(bytes)
+                             : "memory");
+            }
         }
         if (p.per_token_head) {
             int pos = pos0 + lane;
@@ -1197,7 +1234,10 @@ template <int D, int MT> struct WarpAttend {
             if (cc.chunk + 1 == cc.end) {
                 /* end of a task: the partial O (normalised, f32) and its LSE */
                 int pidx = p.static_splits ? first : first + cc.task;
-                finalize(p, pidx, R, g, c, v_mul, m_run, l_run, o);
+                if (p.direct && cc.whole)
+                    finalize_out(p, cc.req, cc.kvh, R, g, c, v_mul, m_run, l_run, o);
+                else
+                    finalize(p, pidx, R, g, c, v_mul, m_run, l_run, o);
                 fresh = true;
             }
             if (!advance(cc))
@@ -1277,6 +1317,8 @@ template <int D, int MT> struct WarpAttend {
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     int h = e >> 1, col = nb * 8 + 2 * c + (e & 1);
+                    if (h >= kHalves)
+                        continue;
                     float v = sc[mt][nb][e] * rowmul[mt][h];
                     if (p.per_token_head)
                         v *= sKs[col];
@@ -1285,9 +1327,9 @@ template <int D, int MT> struct WarpAttend {
                     sc[mt][nb][e] = v;
                     mx[h] = fmaxf(mx[h], v);
                 }
-            float alpha[2], m_use[2];
+            float alpha[2] = {1.0f, 1.0f}, m_use[2] = {0.0f, 0.0f};
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
+            for (int h = 0; h < kHalves; h++) {
                 float m_new = fmaxf(m_run[mt][h], quad_max(mx[h]));
                 m_use[h] = m_new == -INFINITY ? 0.0f : m_new;
                 alpha[h] = fast_exp2(m_run[mt][h] - m_use[h]);
@@ -1298,20 +1340,26 @@ template <int D, int MT> struct WarpAttend {
             for (int nb = 0; nb < 4; nb++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
+                    if ((e >> 1) >= kHalves) {
+                        sc[mt][nb][e] = 0.0f; /* padding rows: P = 0 */
+                        continue;
+                    }
                     float pe = fast_exp2(sc[mt][nb][e] - m_use[e >> 1]);
                     sc[mt][nb][e] = pe;
                     rs[e >> 1] += pe;
                 }
 #pragma unroll
-            for (int h = 0; h < 2; h++)
+            for (int h = 0; h < kHalves; h++)
                 l_run[mt][h] = l_run[mt][h] * alpha[h] + rs[h];
             if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
                 for (int nb = 0; nb < kNB; nb++) {
                     o[mt][nb][0] *= alpha[0];
                     o[mt][nb][1] *= alpha[0];
-                    o[mt][nb][2] *= alpha[1];
-                    o[mt][nb][3] *= alpha[1];
+                    if (!kLo8) {
+                        o[mt][nb][2] *= alpha[1];
+                        o[mt][nb][3] *= alpha[1];
+                    }
                 }
             }
 #pragma unroll
@@ -1377,6 +1425,12 @@ template <int D, int MT> struct WarpAttend {
         return row * S::kRowBytes + ((j ^ swz_v<S::kChunks>(row)) << 4) + (off & 15);
     }
 
+    /* the pair's only task: BF16 O and the LSE straight to the outputs (defined below) */
+    static __device__ void finalize_out(const DecParams &p, int req, int kvh, int R, int g,
+                                        int c, float v_mul, const float (&m_run)[MT][2],
+                                        const float (&l_run)[MT][2],
+                                        const float (&o)[MT][kNB][4]);
+
     static __device__ __forceinline__ void finalize(const DecParams &p, int pidx, int R, int g,
                                                     int c, float v_mul,
                                                     const float (&m_run)[MT][2],
@@ -1386,7 +1440,7 @@ template <int D, int MT> struct WarpAttend {
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
+            for (int h = 0; h < kHalves; h++) {
                 float l = quad_sum(l_run[mt][h]);
                 int r = mt * 16 + g + 8 * h;
                 if (r >= R)
@@ -1409,13 +1463,49 @@ template <int D, int MT> struct WarpAttend {
     }
 };
 
-template <int D, int MT>
+template <int D, int MT, bool kLo8>
+__device__ void WarpAttend<D, MT, kLo8>::finalize_out(
+    const DecParams &p, int req, int kvh, int R, int g, int c, float v_mul,
+    const float (&m_run)[MT][2], const float (&l_run)[MT][2], const float (&o)[MT][kNB][4])
+{
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h = 0; h < kHalves; h++) {
+            float l = quad_sum(l_run[mt][h]);
+            int r = mt * 16 + g + 8 * h;
+            if (r >= R)
+                continue;
+            float inv = l > 0.0f ? v_mul / l : 0.0f;
+            int t = r / p.group, gh = r % p.group;
+            size_t oi = ((size_t)req * p.q_len + t) * p.num_q_heads + (size_t)kvh * p.group + gh;
+            uint16_t *dst = p.out + oi * D;
+            /* dims 2c * D/8 + nb and (2c + 1) * D/8 + nb: two runs of D/8 values, 16 bytes a
+             * store */
+#pragma unroll
+            for (int half = 0; half < 2; half++)
+#pragma unroll
+                for (int nb = 0; nb < kNB; nb += 8) {
+                    uint32_t w[4];
+#pragma unroll
+                    for (int k = 0; k < 4; k++)
+                        w[k] = tkvk_bf16x2_from_float2(o[mt][nb + 2 * k][2 * h + half] * inv,
+                                                       o[mt][nb + 2 * k + 1][2 * h + half] * inv);
+                    *reinterpret_cast<uint4 *>(dst + (2 * c + half) * (D / 8) + nb) =
+                        make_uint4(w[0], w[1], w[2], w[3]);
+                }
+            if (p.lse && c == 0)
+                p.lse[oi] = l > 0.0f ? m_run[mt][h] + log2f(l) : -INFINITY;
+        }
+}
+
+template <int D, int MT, bool kLo8>
 __global__ void __launch_bounds__(32) dec_warp_kernel(const DecParams p)
 {
     extern __shared__ __align__(128) uint8_t dec_smem[];
     pdl_wait();
     pdl_trigger();
-    WarpAttend<D, MT>::run(p, dec_smem);
+    WarpAttend<D, MT, kLo8>::run(p, dec_smem);
 }
 
 /* ============================================================================================
@@ -1427,21 +1517,58 @@ struct CombineParams {
     const int32_t *pair_first, *pair_count; /* NULL: static, splits per pair */
     int static_splits;
     int num_kv_heads, num_q_heads, group, q_len, rows, head_dim;
+    int direct; /* pairs of one task were written by the attention kernel */
     uint16_t *out;
     float *lse;
 };
 
-/* One CTA per (pair, row), one pass over the partials: thread (group, quad) folds 4 dims of
- * every kGroups-th partial into its own running (max, sum, O), the loads of consecutive
- * partials independent of each other (no branch on the LSE before a load), then the groups
- * are merged in shared memory. A long request split over hundreds of workers has hundreds of
- * partials per row, so the launcher gives few, busy CTAs more threads (kThreads 512) and many
- * CTAs fewer (128), so that they fit in one wave. */
-template <int D, int kThreads>
+/* One CTA per (pair, row). A long request split over hundreds of workers has hundreds of
+ * partials per row, so the work per partial is kept to one load and four FMAs: the LSEs are
+ * read once (into shared memory, up to kMaxW of them) for the global max, turned into weights
+ * there, and then thread (group, quad) sums 4 dims of every kGroups-th partial, its loads
+ * issued in batches before any is used; the groups are added in shared memory at the end.
+ * The launcher gives few CTAs 512 threads and many 128, so that they fit in one wave. */
+constexpr int kCombineMaxW = 2048;
+
+template <int kThreads> __device__ __forceinline__ float block_max(float x, float *red)
+{
+#pragma unroll
+    for (int o = 16; o; o >>= 1)
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    if ((threadIdx.x & 31) == 0)
+        red[threadIdx.x >> 5] = x;
+    __syncthreads();
+    x = red[0];
+#pragma unroll
+    for (int w = 1; w < kThreads / 32; w++)
+        x = fmaxf(x, red[w]);
+    __syncthreads(); /* red is reused */
+    return x;
+}
+
+template <int kThreads> __device__ __forceinline__ float block_sum(float x, float *red)
+{
+#pragma unroll
+    for (int o = 16; o; o >>= 1)
+        x += __shfl_xor_sync(0xffffffffu, x, o);
+    if ((threadIdx.x & 31) == 0)
+        red[threadIdx.x >> 5] = x;
+    __syncthreads();
+    x = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; w++)
+        x += red[w];
+    __syncthreads();
+    return x;
+}
+
+template <int D, int kThreads, int kSlices>
 __global__ void __launch_bounds__(kThreads) dec_combine_kernel(const CombineParams p)
 {
-    constexpr int kQuads = D / 4, kGroups = kThreads / kQuads;
-    __shared__ float s_m[kGroups], s_s[kGroups];
+    /* CTA (pair, row, slice) sums D / kSlices dims of the row */
+    constexpr int kQuads = D / 4 / kSlices, kGroups = kThreads / kQuads;
+    __shared__ float s_w[kCombineMaxW];
+    __shared__ float red[kThreads / 32];
     __shared__ float4 part[kGroups][kQuads];
     pdl_wait();
     pdl_trigger();
@@ -1455,68 +1582,81 @@ __global__ void __launch_bounds__(kThreads) dec_combine_kernel(const CombinePara
         first = pair * p.static_splits;
         count = p.static_splits;
     }
-    const int quad = tid % kQuads, grp = tid / kQuads;
-    float m = -INFINITY, sum = 0.0f;
+    if (p.direct && count == 1)
+        return;
+    const float *lse = p.part_lse + (size_t)first * p.rows + r;
+    /* the LSEs (an empty split's is -inf and its O was never written: weight 0) */
+    float mx = -INFINITY;
+    for (int i = tid; i < count; i += kThreads) {
+        float li = lse[(size_t)i * p.rows];
+        if (i < kCombineMaxW)
+            s_w[i] = li;
+        mx = fmaxf(mx, li);
+    }
+    mx = block_max<kThreads>(mx, red);
+    float ws = 0.0f;
+    if (mx != -INFINITY)
+        for (int i = tid; i < count; i += kThreads) {
+            float li = i < kCombineMaxW ? s_w[i] : lse[(size_t)i * p.rows];
+            float w = li == -INFINITY ? 0.0f : exp2f(li - mx);
+            if (i < kCombineMaxW)
+                s_w[i] = w;
+            ws += w;
+        }
+    ws = block_sum<kThreads>(ws, red); /* its barrier also publishes s_w */
+    const int quad = tid % kQuads + blockIdx.z * kQuads, grp = tid / kQuads;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 8
-    for (int i = grp; i < count; i += kGroups) {
-        size_t at = (size_t)(first + i) * p.rows + r;
-        float li = p.part_lse[at];
-        float4 v = *reinterpret_cast<const float4 *>(p.part_o + at * D + quad * 4);
-        /* branch-free, so the loads of the unrolled iterations go out together */
-        float m_new = fmaxf(m, li);
-        float sc = m_new == -INFINITY ? 1.0f : exp2f(m - m_new);
-        acc.x *= sc;
-        acc.y *= sc;
-        acc.z *= sc;
-        acc.w *= sc;
-        sum *= sc;
-        m = m_new;
-        /* an empty split's O was never written: weight 0 and its bytes not used */
-        float w = li == -INFINITY ? 0.0f : exp2f(li - m);
-        bool use = w > 0.0f;
-        acc.x = use ? fmaf(w, v.x, acc.x) : acc.x;
-        acc.y = use ? fmaf(w, v.y, acc.y) : acc.y;
-        acc.z = use ? fmaf(w, v.z, acc.z) : acc.z;
-        acc.w = use ? fmaf(w, v.w, acc.w) : acc.w;
-        sum += w;
-    }
-    part[grp][quad] = acc;
-    if (quad == 0) {
-        s_m[grp] = m;
-        s_s[grp] = sum;
-    }
+    constexpr int kBatch = 8;
+    if (mx != -INFINITY)
+        for (int i0 = grp; i0 < count; i0 += kBatch * kGroups) {
+            float4 v[kBatch];
+#pragma unroll
+            for (int u = 0; u < kBatch; u++) {
+                int i = i0 + u * kGroups;
+                size_t at = (size_t)(first + (i < count ? i : 0)) * p.rows + r;
+                v[u] = *reinterpret_cast<const float4 *>(p.part_o + at * D + quad * 4);
+            }
+#pragma unroll
+            for (int u = 0; u < kBatch; u++) {
+                int i = i0 + u * kGroups;
+                float w = 0.0f;
+                if (i < count) {
+                    if (i < kCombineMaxW) {
+                        w = s_w[i];
+                    } else {
+                        float li = lse[(size_t)i * p.rows];
+                        w = li == -INFINITY ? 0.0f : exp2f(li - mx);
+                    }
+                }
+                if (w > 0.0f) {
+                    acc.x = fmaf(w, v[u].x, acc.x);
+                    acc.y = fmaf(w, v[u].y, acc.y);
+                    acc.z = fmaf(w, v[u].z, acc.z);
+                    acc.w = fmaf(w, v[u].w, acc.w);
+                }
+            }
+        }
+    part[grp][tid % kQuads] = acc;
     __syncthreads();
     if (grp == 0) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int k = 0; k < kGroups; k++)
-            mx = fmaxf(mx, s_m[k]);
-        float wsum = 0.0f;
-        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (mx != -INFINITY)
-#pragma unroll
-            for (int k = 0; k < kGroups; k++) {
-                if (s_m[k] == -INFINITY)
-                    continue;
-                float sc = exp2f(s_m[k] - mx);
-                float4 b = part[k][quad];
-                wsum += s_s[k] * sc;
-                o.x += b.x * sc;
-                o.y += b.y * sc;
-                o.z += b.z * sc;
-                o.w += b.w * sc;
-            }
-        float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
+        for (int k = 1; k < kGroups; k++) {
+            float4 b = part[k][tid % kQuads];
+            acc.x += b.x;
+            acc.y += b.y;
+            acc.z += b.z;
+            acc.w += b.w;
+        }
+        float inv = ws > 0.0f ? 1.0f / ws : 0.0f;
         int t = r / p.group, gh = r % p.group;
         size_t oi = ((size_t)req * p.q_len + t) * p.num_q_heads + (size_t)kvh * p.group + gh;
-        uint2 packed = make_uint2(tkvk_bf16x2_from_float2(o.x * inv, o.y * inv),
-                                  tkvk_bf16x2_from_float2(o.z * inv, o.w * inv));
+        uint2 packed = make_uint2(tkvk_bf16x2_from_float2(acc.x * inv, acc.y * inv),
+                                  tkvk_bf16x2_from_float2(acc.z * inv, acc.w * inv));
         *reinterpret_cast<uint2 *>(p.out + oi * D + quad * 4) = packed;
         if (p.lse && quad == 0)
-            p.lse[oi] = wsum > 0.0f ? mx + log2f(wsum) : -INFINITY;
+            p.lse[oi] = ws > 0.0f ? mx + log2f(ws) : -INFINITY;
     }
 }
+
 
 __global__ void dec_merge_kernel(const uint16_t *o_a, const float *lse_a, const uint16_t *o_b,
                                  const float *lse_b, int num_rows, int head_dim, uint16_t *out,
@@ -1572,26 +1712,28 @@ struct AttendVariant {
     int threads;
 };
 
-template <int D, int MT> AttendVariant warp_variant()
+template <int D, int MT, bool kLo8 = false> AttendVariant warp_variant()
 {
-    return AttendVariant{dec_warp_kernel<D, MT>, WarpAttend<D, MT>::smem_bytes(), 32};
+    return AttendVariant{dec_warp_kernel<D, MT, kLo8>, WarpAttend<D, MT, kLo8>::smem_bytes(), 32};
 }
 
-/* Set by tkvk__decode_force_cta() (benchmarks): plans made and steps launched while it is
- * on use the CTA kernel for every shape. */
-int g_force_cta = 0;
+/* Set by tkvk__decode_kernel() (benchmarks): TKVK__DEC_* for plans made and steps launched
+ * while it is set. */
+int g_kernel = TKVK__DEC_AUTO;
 
 /* FP8 Q over FP8 KV with up to 16 rows (32 at D <= 128) runs the warp-worker kernel; every
  * other combination the CTA kernel with 4 warps (8 past 64 rows). */
-AttendVariant pick_variant(int head_dim, bool fp8, int rows, bool q8, bool cta_only)
+AttendVariant pick_variant(int head_dim, bool fp8, int rows, bool q8, int which)
 {
-    if (fp8 && q8 && !cta_only && (rows <= 16 || (rows <= 32 && head_dim <= 128))) {
+    if (fp8 && q8 && which != TKVK__DEC_CTA && (rows <= 16 || (rows <= 32 && head_dim <= 128))) {
         if (head_dim == 64)
-            return rows > 16 ? warp_variant<64, 2>() : warp_variant<64, 1>();
+            return rows > 16 ? warp_variant<64, 2>()
+                   : rows > 8 ? warp_variant<64, 1>() : warp_variant<64, 1, true>();
         if (head_dim == 128)
-            return rows > 16 ? warp_variant<128, 2>() : warp_variant<128, 1>();
+            return rows > 16 ? warp_variant<128, 2>()
+                   : rows > 8 ? warp_variant<128, 1>() : warp_variant<128, 1, true>();
         if (head_dim == 256)
-            return warp_variant<256, 1>();
+            return rows > 8 ? warp_variant<256, 1>() : warp_variant<256, 1, true>();
     }
     bool wide = rows > 64;
 #define TKVK_DEC_V(D_, F_, Q_)                                                                   \
@@ -1662,14 +1804,14 @@ static int dec_set_smem_limits(void)
 static int dec_set_smem_limits_now(void)
 {
     static const int dims[3] = {64, 128, 256};
-    static const int row_counts[4] = {16, 32, 64, 128};
-    for (int force = 0; force <= 1; force++)
+    static const int row_counts[5] = {8, 16, 32, 64, 128};
+    for (int which = TKVK__DEC_AUTO; which <= TKVK__DEC_CTA; which++)
         for (int i = 0; i < 3; i++)
             for (int f = 0; f < 2; f++)
-                for (int ri = 0; ri < 4; ri++)
+                for (int ri = 0; ri < 5; ri++)
                     for (int q8 = 0; q8 <= f; q8++) {
                         AttendVariant v = pick_variant(dims[i], f != 0, row_counts[ri], q8 != 0,
-                                                       force != 0);
+                                                       which);
                         TKVK_CUDA_TRY(cudaFuncSetAttribute(
                             (const void *)v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                             (int)v.smem));
@@ -1703,7 +1845,7 @@ extern "C" int tkvk_decode_plan_create(tkvk_decode_plan **out, int max_requests,
         return tkvk__fail(TKVK_EINVAL, "decode_plan_create: out of memory");
     int rc = TKVK_OK, occ = 0;
     size_t pairs = (size_t)max_requests * num_kv_heads;
-    AttendVariant v = pick_variant(head_dim, true, max_rows, true, g_force_cta != 0);
+    AttendVariant v = pick_variant(head_dim, true, max_rows, true, g_kernel);
     cudaError_t e;
 #define DEC_TRY(call)                                                                            \
     do {                                                                                         \
@@ -1892,6 +2034,8 @@ static int dec_fill_params(const tkvk_decode_plan *pl, const tkvk_decode_args *a
     p->score_scale = a->sm_scale * kLog2e;
     p->part_o = pl->part_o;
     p->part_lse = pl->part_lse;
+    p->out = (uint16_t *)a->out;
+    p->lse = a->lse;
     return TKVK_OK;
 }
 
@@ -1899,11 +2043,20 @@ template <int D>
 static cudaError_t dec_launch_combine(const CombineParams &cp, int pairs, int num_sms,
                                       cudaStream_t s)
 {
-    /* few CTAs (a handful of requests, perhaps one split hundreds of ways): 512 threads each;
-     * many: 128, so that they are resident at once */
-    if ((int64_t)pairs * cp.rows <= 4LL * num_sms)
-        return launch_pdl(dec_combine_kernel<D, 512>, dim3(pairs, cp.rows), dim3(512), 0, s, cp);
-    return launch_pdl(dec_combine_kernel<D, 128>, dim3(pairs, cp.rows), dim3(128), 0, s, cp);
+    /* Few rows (a handful of requests, perhaps one split hundreds of ways) get more threads
+     * each; the CTAs of every choice fit in one wave (four 512-thread CTAs per SM):
+     *   <= SMs rows:     4 CTAs of 512 threads per row, a quarter of its dims each, so a long
+     *                    request's partials are read by many SMs;
+     *   <= 4 x SMs rows: one CTA of 512 threads per row;
+     *   else:            one CTA of 128 threads per row. */
+    int64_t rows = (int64_t)pairs * cp.rows;
+    if (rows <= num_sms)
+        return launch_pdl(dec_combine_kernel<D, 512, 4>, dim3(pairs, cp.rows, 4), dim3(512), 0,
+                          s, cp);
+    if (rows <= 4LL * num_sms)
+        return launch_pdl(dec_combine_kernel<D, 512, 1>, dim3(pairs, cp.rows), dim3(512), 0, s,
+                          cp);
+    return launch_pdl(dec_combine_kernel<D, 128, 1>, dim3(pairs, cp.rows), dim3(128), 0, s, cp);
 }
 
 static int dec_combine(const tkvk_decode_plan *pl, const tkvk_decode_args *a, const DecParams &p,
@@ -1915,6 +2068,7 @@ static int dec_combine(const tkvk_decode_plan *pl, const tkvk_decode_args *a, co
     cp.pair_first = is_static ? nullptr : pl->pair_first;
     cp.pair_count = is_static ? nullptr : pl->pair_count;
     cp.static_splits = p.static_splits;
+    cp.direct = !is_static && p.direct;
     cp.num_kv_heads = p.num_kv_heads;
     cp.num_q_heads = p.num_q_heads;
     cp.group = p.group;
@@ -1954,9 +2108,10 @@ extern "C" int tkvk_decode_attend_cuda(tkvk_decode_plan *pl, const tkvk_decode_a
     cudaStream_t s = (cudaStream_t)stream;
     bool fp8kv = a->layout->kv_dtype == TKVK_DTYPE_FP8_E4M3;
     AttendVariant v = pick_variant(a->layout->head_dim, fp8kv, p.rows, fp8kv && p.q_fp8,
-                                   g_force_cta != 0);
+                                   g_kernel);
     if ((rc = dec_set_smem_limits()) != TKVK_OK)
         return rc;
+    p.direct = v.threads == 32; /* the warp-worker kernel */
     TKVK_CUDA_TRY(launch_pdl(v.fn, dim3(pl->grid), dim3(v.threads), v.smem, s, p));
     TKVK_CUDA_TRY(cudaGetLastError());
     return dec_combine(pl, a, p, false, s);
@@ -1986,7 +2141,7 @@ extern "C" int tkvk_decode_static_cuda(tkvk_decode_plan *pl, const tkvk_decode_a
     cudaStream_t s = (cudaStream_t)stream;
     bool fp8kv = a->layout->kv_dtype == TKVK_DTYPE_FP8_E4M3;
     AttendVariant v = pick_variant(a->layout->head_dim, fp8kv, p.rows, fp8kv && p.q_fp8,
-                                   g_force_cta != 0);
+                                   g_kernel);
     if ((rc = dec_set_smem_limits()) != TKVK_OK)
         return rc;
     TKVK_CUDA_TRY(launch_pdl(v.fn, dim3(p.num_kv_heads, a->num_requests, splits),
@@ -1995,9 +2150,9 @@ extern "C" int tkvk_decode_static_cuda(tkvk_decode_plan *pl, const tkvk_decode_a
     return dec_combine(pl, a, p, true, s);
 }
 
-extern "C" void tkvk__decode_force_cta(int on)
+extern "C" void tkvk__decode_kernel(int which)
 {
-    g_force_cta = on != 0;
+    g_kernel = which;
 }
 
 extern "C" int tkvk_merge_states_cuda(const uint16_t *o_a, const float *lse_a,

@@ -35,10 +35,13 @@ static inline int tkvk__decode_tiles(int32_t kv_len)
  * slots, never more splits than the longest request has tiles. */
 int tkvk__decode_static_splits(int num_pairs, int max_kv_len, int grid);
 
-/* Benchmarks only (not thread-safe): while on, plans made and decode steps launched use the
- * CTA kernel for every shape instead of the warp-worker kernel, so both can be timed in one
- * run. A plan must be used with the setting it was made with. */
-void tkvk__decode_force_cta(int on);
+/* Benchmarks and tests only (not thread-safe): which attention kernel plans made and decode
+ * steps launched from now on use, so that they can be timed side by side in one run. A plan
+ * must be used with the setting it was made with.
+ *   AUTO   the launcher's choice (the warp-worker kernel where it applies)
+ *   CTA    the CTA kernel for every shape */
+enum { TKVK__DEC_AUTO = 0, TKVK__DEC_CTA = 1 };
+void tkvk__decode_kernel(int which);
 
 #ifdef __cplusplus
 }

@@ -23,11 +23,20 @@
  *      turns, but long enough for their next turn to arrive, then wins. Continuations are
  *      always admitted. Where old blocks earn less than newcomers (large tiers) the rule stays
  *      off and this is rules 1 and 2.
+ *   4. Learned choice among never-hit blocks. Never-hit blocks are classed by whether their
+ *      chain was continued and by their distance from the end of the put that inserted them
+ *      (log2 buckets), and each class learns the same age profile as rule 3. When rule 1
+ *      picks a never-hit block, the oldest block of the class that earns least at its age
+ *      goes instead, if that is clearly less (confidence intervals apart). What it learns on
+ *      conversations: the last blocks of a put are never hit (the next turn re-sends the
+ *      prompt with its last, partial block completed), so they are stripped from first turns
+ *      that are still waiting for their next turn, before those lose live blocks.
  *
  * Time is the policy's own logical clock, one tick per inserted() or accessed() call (per block
  * that entered or was hit in this tier), so parameters are fractions of the tier's turnover and
  * do not depend on the request rate: bonus_ticks = capacity * kBonusPerCapacity, age buckets of
- * capacity * kAgeBucket ticks. Rule 3 has no threshold: it compares two learned rates.
+ * capacity * kAgeBucket ticks. Rules 3 and 4 have no threshold: they compare learned rates
+ * (rule 4 with a confidence level).
  *
  * Prefix structure: only tails (num_children == 0) are victims while an unpinned tail exists,
  * so a chain is eaten from its end and never loses a block its cached children need; interior
@@ -35,20 +44,23 @@
  * child left is placed by its own tick (it was touched by the same lookups as that child, just
  * before it), so a dead suffix is evicted as a whole.
  *
- * O(1): one list per (class, level), each kept sorted by tick (inserts at the hot end; the
- * rare re-placement walks at most kMaxWalk entries from the nearer end); victim() compares the
- * cold ends of the NUM_LEVELS tail lists; marking a dead branch is paid once per block; the
- * learned profile is NB_AGE counters refreshed every half bucket of ticks.
+ * O(1): one list per never-hit class and per level, each kept sorted by tick (inserts at the
+ * hot end; the rare re-placement walks at most kMaxWalk entries from the nearer end); victim()
+ * compares the cold ends of the NUM_NH + kMaxLevel tail lists, twice at most; marking a dead
+ * branch is paid once per block, and so is classing a put's blocks when it ends; the learned
+ * profiles are (1 + NUM_NH) * NB_AGE counters refreshed every half bucket of ticks.
  *
  * Entry fields owned here:
  *   p_u64[0]  last access tick (for a never-hit block: its insertion tick, so its age)
- *   p_u64[1]  list index (bits 0-7) | F_DEAD | F_CONT | hits << 16
+ *   p_u64[1]  list index (bits 0-7) | F_DEAD | F_CONT | rule 4's end bucket (bits 11-14)
+ *             | hits << 16
  *   p_u64[2]  the newest child inserted under this entry (a tkv_policy_entry *), or 0
  */
 #include "tkv_policy.h"
 
 #include "tkv_base.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 enum { kMaxLevel = 4 };                       /* hits beyond this earn nothing */
@@ -62,18 +74,36 @@ enum { NB_AGE = 64 };
 static const double kAgeBucket = 0.125;
 static const double kDecay = 1.0 / 64;
 
-enum { CLASS_TAIL = 0, CLASS_INTERIOR = 1, NUM_CLASSES = 2 };
+/* Rule 4: never-hit blocks are classed by whether their chain was continued (F_CONT) and by
+ * their distance d from the end of the put that inserted them, as floor(log2(d + 1)): NB_END
+ * buckets, the last one for blocks of a put still being inserted (d not known yet; a class
+ * with no data is never chosen). Each class learns the same age profile as rule 3; one class's
+ * oldest block replaces rule 1's choice only when the upper bound of its rate is below the
+ * lower bound of the rate of the block rule 1 chose, bounds at kConfidence standard deviations
+ * of the hit count (Poisson). The log2 buckets keep "the last block" apart from the rest at
+ * any block size; the confidence level is what keeps the rule off where the profiles are thin
+ * (2 instead of 3: -0.05 point at 5,000 blocks, docs/design.md). */
+enum { NB_END = 16, END_PENDING = NB_END - 1, NUM_NH = 2 * NB_END };
+static const double kConfidence = 3.0;
+_Static_assert(NUM_NH <= 32, "never-hit classes are a 32-bit mask");
+
 /* Levels: 0 = never hit, chain never continued (probation); 1 = never hit, in a continued
  * chain; 1 + h = hit h times (h = 1..kMaxLevel). */
 enum { LEVEL_PROBATION = 0, LEVEL_CONTINUED = 1 };
 #define NUM_LEVELS (kMaxLevel + 2)
-#define LIST_DEAD (NUM_CLASSES * NUM_LEVELS)
+/* Lists: never-hit tails by class, hit tails by level, interior entries by level, dead,
+ * pinned. */
+#define LIST_TAIL_HIT (NUM_NH)                      /* + hits - 1 */
+#define LIST_INTERIOR (LIST_TAIL_HIT + kMaxLevel)   /* + level */
+#define LIST_DEAD (LIST_INTERIOR + NUM_LEVELS)
 #define LIST_PINNED (LIST_DEAD + 1)
 #define NUM_LISTS (LIST_PINNED + 1)
 
 #define F_LIST_MASK 0xffull
 #define F_DEAD 0x100ull
 #define F_CONT 0x200ull /* in a chain that a later request continued from a hit block */
+#define F_END_SHIFT 11   /* bits 11..14: rule 4's distance-from-end bucket */
+#define F_END_MASK (0xfull << F_END_SHIFT)
 #define HITS_SHIFT 16
 #define HITS_MAX 0xffffffffull
 
@@ -86,12 +116,24 @@ typedef struct tierkv_state {
      * future[] (hits per tick of the rest of the stay of a block of that age) and density
      * (hits per tick of a newcomer's stay) */
     uint64_t bucket_ticks, next_learn;
+    double inv_bucket; /* 1 / bucket_ticks */
     double hit_at[NB_AGE], exit_at[NB_AGE], hit_sum, life_sum;
     double future[NB_AGE], density;
+    /* rule 4: the same counts per class of never-hit blocks, refreshed by learn() into a
+     * confidence interval [nh_lo, nh_hi] of the rest-of-stay rate */
+    double nh_hit[NUM_NH][NB_AGE], nh_exit[NUM_NH][NB_AGE];
+    double nh_lo[NUM_NH][NB_AGE], nh_hi[NUM_NH][NB_AGE];
+    /* bit c set: never-hit class list c may be non-empty (set on every entry into it, cleared
+     * by the scans that find it empty), so victim() skips the empty classes */
+    uint32_t nh_mask;
+    uint32_t nh_seen; /* bit c set: class c has recorded an exit (learn() skips the others) */
+    /* the put being inserted (rule 4): its newest block and how many blocks it inserted */
+    tkv_policy_entry *run_last;
+    uint64_t run_len;
     uint64_t count;             /* entries in the tier (inserted, not yet removed) */
     uint64_t admit_now;         /* now_ns of the put being judged, and its verdict */
     bool admit_valid, admit_verdict;
-    /* sentinels: next = hottest, prev = coldest. [class * NUM_LEVELS + level], DEAD, PINNED */
+    /* sentinels: next = hottest, prev = coldest; the layout is at LIST_TAIL_HIT above */
     tkv_policy_entry lists[NUM_LISTS];
 } tierkv_state;
 
@@ -134,14 +176,37 @@ static bool is_probation(const tkv_policy_entry *e)
     return hits_of(e) == 0 && !is_continued(e) && !is_dead(e);
 }
 
+static unsigned nh_class(const tkv_policy_entry *e)
+{
+    return (is_continued(e) ? NB_END : 0) + (unsigned)((e->p_u64[1] & F_END_MASK) >> F_END_SHIFT);
+}
+
+static void set_end_bucket(tkv_policy_entry *e, unsigned b)
+{
+    e->p_u64[1] = (e->p_u64[1] & ~F_END_MASK) | ((uint64_t)b << F_END_SHIFT);
+}
+
+/* floor(log2(d + 1)) for a block d blocks before the end of its put, below END_PENDING */
+static unsigned end_bucket(uint64_t d)
+{
+    unsigned b = 0;
+    for (d += 1; d > 1 && b < END_PENDING - 1; d >>= 1)
+        b++;
+    return b;
+}
+
 static unsigned list_of(const tkv_policy_entry *e)
 {
     if (e->pinned)
         return LIST_PINNED;
-    if (e->num_children == 0 && is_dead(e))
+    if (e->num_children)
+        return LIST_INTERIOR + level_of(e);
+    if (is_dead(e))
         return LIST_DEAD;
-    unsigned c = e->num_children ? CLASS_INTERIOR : CLASS_TAIL;
-    return c * NUM_LEVELS + level_of(e);
+    uint64_t h = hits_of(e);
+    if (h == 0)
+        return nh_class(e);
+    return LIST_TAIL_HIT + (unsigned)(h < kMaxLevel ? h : kMaxLevel) - 1;
 }
 
 static uint64_t priority(const tierkv_state *st, const tkv_policy_entry *e)
@@ -151,7 +216,53 @@ static uint64_t priority(const tierkv_state *st, const tkv_policy_entry *e)
     return tick_of(e) + st->bonus_ticks * hits;
 }
 
+/* age / bucket_ticks, capped at NB_AGE - 1. victim() asks this for every never-hit class, so
+ * the quotient comes from a multiply by the reciprocal, corrected to the exact one. */
+static unsigned age_bucket(const tierkv_state *st, uint64_t age)
+{
+    if (age >= NB_AGE * st->bucket_ticks)
+        return NB_AGE - 1;
+    uint64_t b = (uint64_t)((double)age * st->inv_bucket);
+    if (b * st->bucket_ticks > age)
+        b--;
+    else if ((b + 1) * st->bucket_ticks <= age)
+        b++;
+    return (unsigned)b;
+}
+
+/* Rule 4: a never-hit block stops being one (hit, removed or marked dead): its class
+ * learns the ticks it spent and whether it ended in a hit. */
+static void record_class_exit(tierkv_state *st, const tkv_policy_entry *e, bool hit)
+{
+    if (hits_of(e) != 0 || is_dead(e))
+        return;
+    unsigned c = nh_class(e);
+    unsigned b = age_bucket(st, st->tick > tick_of(e) ? st->tick - tick_of(e) : 0);
+    st->nh_seen |= 1u << c;
+    st->nh_exit[c][b] += 1;
+    if (hit)
+        st->nh_hit[c][b] += 1;
+}
+
 /* ---- lists -------------------------------------------------------------------------------- */
+
+static void push_hot(tierkv_state *st, tkv_policy_entry *e)
+{
+    unsigned l = list_idx(e);
+    if (l < NUM_NH)
+        st->nh_mask |= 1u << l;
+    tkv_plist_push_hot(&st->lists[l], e);
+}
+
+/* Cold end of never-hit class c, or NULL (then c's bit is cleared). */
+static tkv_policy_entry *class_cold(tierkv_state *st, unsigned c)
+{
+    tkv_policy_entry *head = &st->lists[c];
+    if (head->prev != head)
+        return head->prev;
+    st->nh_mask &= ~(1u << c);
+    return NULL;
+}
 
 /* Puts e into `head` where its tick belongs, so every list stays sorted by tick (victim()
  * compares only cold ends). The walk starts at the end e is expected near and is bounded by
@@ -202,6 +313,8 @@ static void refile(tierkv_state *st, tkv_policy_entry *e)
     if (head->next != head)
         from_cold = (int64_t)(tick_of(e) - tick_of(head->prev)) <
                     (int64_t)(tick_of(head->next) - tick_of(e));
+    if (now < NUM_NH)
+        st->nh_mask |= 1u << now;
     insert_sorted(head, e, from_cold);
 }
 
@@ -210,6 +323,7 @@ static void refile(tierkv_state *st, tkv_policy_entry *e)
 static void mark_dead_branch(tierkv_state *st, tkv_policy_entry *c)
 {
     while (c && !is_dead(c) && hits_of(c) == 0 && c->num_children <= 1) {
+        record_class_exit(st, c, false);
         c->p_u64[1] |= F_DEAD;
         refile(st, c);
         c = newest_child(c);
@@ -217,11 +331,6 @@ static void mark_dead_branch(tierkv_state *st, tkv_policy_entry *c)
 }
 
 /* ---- learned profile of probation blocks (rule 3) ------------------------------------------ */
-static unsigned age_bucket(const tierkv_state *st, uint64_t age)
-{
-    uint64_t b = age / st->bucket_ticks;
-    return b < NB_AGE ? (unsigned)b : NB_AGE - 1;
-}
 
 /* A probation block leaves probation: hit (its chain was continued) or removed. */
 static void record_exit(tierkv_state *st, const tkv_policy_entry *e, bool hit)
@@ -258,12 +367,47 @@ static void learn(tierkv_state *st)
         past += st->exit_at[b];
     }
     st->density = st->life_sum > 0 ? st->hit_sum / st->life_sum : 0;
+    /* rule 4: the same per class, kept as a confidence interval: with h hits in t ticks,
+     * (h -+ kConfidence * sqrt(h + 1)) / t; a class with no ticks yet is unknown: [0, inf],
+     * as create() left it */
+    for (uint32_t m = st->nh_seen; m; m &= m - 1) {
+        unsigned c = (unsigned)__builtin_ctz(m);
+        double past = 0, hits_from = 0, ticks_from = 0;
+        for (int b = NB_AGE - 1; b >= 0; b--) {
+            hits_from += st->nh_hit[c][b];
+            ticks_from += (past + 0.5 * st->nh_exit[c][b]) * (double)st->bucket_ticks;
+            double sd = kConfidence * sqrt(hits_from + 1);
+            st->nh_lo[c][b] = ticks_from > 0 && hits_from > sd ? (hits_from - sd) / ticks_from : 0;
+            st->nh_hi[c][b] = ticks_from > 0 ? (hits_from + sd) / ticks_from : HUGE_VAL;
+            past += st->nh_exit[c][b];
+            st->nh_hit[c][b] *= 1 - kDecay;
+            st->nh_exit[c][b] *= 1 - kDecay;
+        }
+    }
     for (int b = 0; b < NB_AGE; b++) {
         st->hit_at[b] *= 1 - kDecay;
         st->exit_at[b] *= 1 - kDecay;
     }
     st->hit_sum *= 1 - kDecay;
     st->life_sum *= 1 - kDecay;
+}
+
+/* Rule 4: the put being inserted is complete (a lookup came, a block entered that does not
+ * continue it, or its newest block left); its never-hit blocks learn their distance from its
+ * end and move to that class. The walk follows parent links from its newest block, once per
+ * put: O(1) per block. A put whose blocks the store entered in several chunks is one run: each
+ * chunk's first block hangs under the previous chunk's last. */
+static void finish_run(tierkv_state *st)
+{
+    tkv_policy_entry *e = st->run_last;
+    for (uint64_t i = 0; e && i < st->run_len; i++, e = e->parent) {
+        if (hits_of(e) != 0 || is_dead(e))
+            continue;
+        set_end_bucket(e, end_bucket(i));
+        refile(st, e);
+    }
+    st->run_last = NULL;
+    st->run_len = 0;
 }
 
 /* ---- ops ---------------------------------------------------------------------------------- */
@@ -280,6 +424,10 @@ static void *tierkv_create(uint64_t capacity)
     if (st->bucket_ticks == 0)
         st->bucket_ticks = 1;
     st->next_learn = st->bucket_ticks;
+    st->inv_bucket = 1.0 / (double)st->bucket_ticks;
+    for (int c = 0; c < NUM_NH; c++) /* nothing known yet: a rate in [0, inf] */
+        for (int b = 0; b < NB_AGE; b++)
+            st->nh_hi[c][b] = HUGE_VAL;
     for (int i = 0; i < NUM_LISTS; i++)
         tkv_plist_init(&st->lists[i]);
     return st;
@@ -291,10 +439,15 @@ static void tierkv_destroy(void *state) { free(state); }
  * per tick than a newcomer? */
 static bool hold_old(const tierkv_state *st)
 {
-    const tkv_policy_entry *probation = &st->lists[CLASS_TAIL * NUM_LEVELS + LEVEL_PROBATION];
-    if (probation->prev == probation)
+    const tkv_policy_entry *oldest = NULL;
+    /* the probation classes: not continued */
+    for (uint32_t m = st->nh_mask & ((1u << NB_END) - 1); m; m &= m - 1) {
+        const tkv_policy_entry *head = &st->lists[__builtin_ctz(m)];
+        if (head->prev != head && (!oldest || tick_of(head->prev) < tick_of(oldest)))
+            oldest = head->prev;
+    }
+    if (!oldest)
         return false;
-    const tkv_policy_entry *oldest = probation->prev;
     uint64_t age = st->tick > tick_of(oldest) ? st->tick - tick_of(oldest) : 0;
     return st->future[age_bucket(st, age)] > st->density;
 }
@@ -338,6 +491,10 @@ static void tierkv_inserted(void *state, tkv_policy_entry *e, uint64_t now_ns)
 {
     tierkv_state *st = state;
     tkv_policy_entry *p = e->parent;
+    if (!p || p != st->run_last)
+        finish_run(st);
+    st->run_last = e;
+    st->run_len++;
     e->p_u64[0] = ++st->tick;
     e->p_u64[1] = 0;
     e->p_u64[2] = 0;
@@ -356,30 +513,37 @@ static void tierkv_inserted(void *state, tkv_policy_entry *e, uint64_t now_ns)
         if (is_continued(p) || (hits_of(p) > 0 && p->num_children <= 2))
             e->p_u64[1] |= F_CONT;
     }
+    set_end_bucket(e, END_PENDING); /* until finish_run() knows its distance from the end */
     set_list(e, list_of(e));
-    tkv_plist_push_hot(&st->lists[list_idx(e)], e);
+    push_hot(st, e);
     learn(st);
 }
 
 static void tierkv_accessed(void *state, tkv_policy_entry *e, uint64_t now_ns)
 {
     tierkv_state *st = state;
+    if (st->run_last)
+        finish_run(st); /* a lookup: the put before it is complete */
     if (is_probation(e))
         record_exit(st, e, true);
+    record_class_exit(st, e, true);
     e->p_u64[0] = ++st->tick;
     e->p_u64[1] &= ~F_DEAD; /* hit after all: alive */
     set_hits(e, hits_of(e) + 1);
     tkv_plist_unlink(e);
     set_list(e, list_of(e));
-    tkv_plist_push_hot(&st->lists[list_idx(e)], e);
+    push_hot(st, e);
     learn(st);
 }
 
 static void tierkv_removed(void *state, tkv_policy_entry *e)
 {
     tierkv_state *st = state;
+    if (e == st->run_last)
+        finish_run(st);
     if (is_probation(e))
         record_exit(st, e, false);
+    record_class_exit(st, e, false);
     st->count--;
     tkv_plist_unlink(e);
     if (e->parent && newest_child(e->parent) == e)
@@ -388,13 +552,13 @@ static void tierkv_removed(void *state, tkv_policy_entry *e)
 
 static void tierkv_changed(void *state, tkv_policy_entry *e) { refile(state, e); }
 
-/* Lowest priority among the cold ends of one class's levels; NULL if the class is empty. */
-static tkv_policy_entry *coldest_of_class(tierkv_state *st, unsigned cls)
+/* Lowest priority among the cold ends of lists [from, to); NULL if all are empty. */
+static tkv_policy_entry *coldest_of(tierkv_state *st, unsigned from, unsigned to)
 {
     tkv_policy_entry *best = NULL;
     uint64_t best_prio = UINT64_MAX;
-    for (unsigned lv = 0; lv < NUM_LEVELS; lv++) {
-        tkv_policy_entry *head = &st->lists[cls * NUM_LEVELS + lv];
+    for (unsigned l = from; l < to; l++) {
+        tkv_policy_entry *head = &st->lists[l];
         if (head->prev == head)
             continue;
         uint64_t p = priority(st, head->prev);
@@ -406,14 +570,61 @@ static tkv_policy_entry *coldest_of_class(tierkv_state *st, unsigned cls)
     return best;
 }
 
+/* Rule 1's choice among tails: lowest priority among the cold ends of the non-empty never-hit
+ * classes and of the hit levels; NULL if no unpinned tail is left. */
+static tkv_policy_entry *coldest_tail(tierkv_state *st)
+{
+    tkv_policy_entry *best = NULL;
+    uint64_t best_prio = UINT64_MAX;
+    for (uint32_t m = st->nh_mask; m; m &= m - 1) {
+        tkv_policy_entry *e = class_cold(st, (unsigned)__builtin_ctz(m));
+        if (!e)
+            continue;
+        uint64_t p = priority(st, e);
+        if (!best || p < best_prio) {
+            best = e;
+            best_prio = p;
+        }
+    }
+    tkv_policy_entry *hit = coldest_of(st, LIST_TAIL_HIT, LIST_INTERIOR);
+    if (hit && (!best || priority(st, hit) < best_prio))
+        best = hit;
+    return best;
+}
+
 static tkv_policy_entry *tierkv_victim(void *state)
 {
     tierkv_state *st = state;
     tkv_policy_entry *dead = &st->lists[LIST_DEAD];
     if (dead->prev != dead)
         return dead->prev;
-    tkv_policy_entry *e = coldest_of_class(st, CLASS_TAIL);
-    return e ? e : coldest_of_class(st, CLASS_INTERIOR);
+    tkv_policy_entry *e = coldest_tail(st);
+    double e_lo = 0;
+    if (e && list_idx(e) < NUM_NH) {
+        uint64_t age = st->tick > tick_of(e) ? st->tick - tick_of(e) : 0;
+        e_lo = st->nh_lo[list_idx(e)][age_bucket(st, age)];
+    }
+    if (e_lo > 0) { /* else no class can be clearly below e's */
+        /* rule 4: a never-hit block goes; which one: the class whose oldest block would
+         * earn the least per tick of the rest of its stay, if clearly less than e */
+        tkv_policy_entry *pick = NULL;
+        double best = 0;
+        for (uint32_t m = st->nh_mask; m; m &= m - 1) {
+            unsigned c = (unsigned)__builtin_ctz(m);
+            tkv_policy_entry *old = class_cold(st, c);
+            if (!old)
+                continue;
+            uint64_t age = st->tick > tick_of(old) ? st->tick - tick_of(old) : 0;
+            double f = st->nh_hi[c][age_bucket(st, age)];
+            if (!pick || f < best || (f == best && tick_of(old) < tick_of(pick))) {
+                best = f;
+                pick = old;
+            }
+        }
+        if (pick && best < e_lo)
+            e = pick;
+    }
+    return e ? e : coldest_of(st, LIST_INTERIOR, LIST_DEAD);
 }
 
 const tkv_policy_ops tkv_policy_tierkv = {

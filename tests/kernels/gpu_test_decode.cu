@@ -690,14 +690,14 @@ int main(void)
                 run_case(c, s, k % 4 == 0);
             }
     /* The same shapes through the CTA kernel (what the benchmark compares against). */
-    tkvk__decode_force_cta(1);
+    tkvk__decode_kernel(TKVK__DEC_CTA);
     for (int i = 0; i < 4; i++) {
         Case c = {i < 2 ? 128 : 64, i % 2 ? 16 : 64, TKVK_DTYPE_FP8_E4M3,
                   i == 3 ? TKVK_SCALE_PER_TOKEN_HEAD : TKVK_SCALE_PER_TENSOR, TKVK_DTYPE_FP8_E4M3,
                   2, gq[i][0], gq[i][1], {4097, 0, 1, 63, 64, 65, 300 + rnd_int(2500)}};
         run_case(c, s, false);
     }
-    tkvk__decode_force_cta(0);
+    tkvk__decode_kernel(TKVK__DEC_AUTO);
     /* The benchmark's shapes, with 128K in the batch. */
     {
         Case c = {128, 64, TKVK_DTYPE_FP8_E4M3, TKVK_SCALE_PER_TENSOR, TKVK_DTYPE_FP8_E4M3, 1, 8, 1,
