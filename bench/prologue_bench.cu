@@ -260,7 +260,10 @@ double anchor_us(int tokens, int hq)
 
 struct Result {
     int tokens, hq, hkv;
-    double fused_us, unfused_us, bytes, anchor, items_us[3]; /* 1, 2 per group; persistent */
+    double fused_us, unfused_us, bytes, anchor;
+    /* 1, 2 items per group; persistent grid; walk grid; ring grid (two items of input in
+     * flight per group); persistent grid prefetching into L2 */
+    double items_us[6];
 };
 
 } // namespace
@@ -389,8 +392,10 @@ int main(int argc, char **argv)
             res.hq = hq;
             res.hkv = hkv;
             res.fused_us = graph_median_us([&](cudaStream_t st) { TKV_CHECK(tkvk_prologue_cuda(&p, st)); }, s);
-            const int items[3] = {1, 2, 8}; /* 8 = the persistent grid */
-            for (int v = 0; v < 3; v++)
+            /* tkvk__prologue_cuda_tuned() variants: 8 the persistent grid, 16 the walk grid, 32
+             * the ring grid, 64 the prefetching persistent grid. */
+            const int items[6] = {1, 2, 8, 16, 32, 64};
+            for (int v = 0; v < 6; v++)
                 res.items_us[v] = graph_median_us(
                     [&](cudaStream_t st) { TKV_CHECK(tkvk__prologue_cuda_tuned(&p, st, items[v])); }, s);
             const float inv_k = 1.0f / p.k_scale, inv_v = 1.0f / p.v_scale;
@@ -420,12 +425,15 @@ int main(int argc, char **argv)
     fprintf(table, "prologue_bench on %s: HBM copy rate %.0f GB/s (1 GiB D2D, read+write)\n",
             prop.name, copy_rate / 1e9);
     fprintf(table, "%7s %6s %9s %9s %8s %9s %8s %8s  %s\n", "tokens", "heads", "fused_us",
-            "anchor_us", "vs_anch", "unfused", "speedup", "hbm_frac", "1/2/persistent us");
+            "anchor_us", "vs_anch", "unfused", "speedup", "hbm_frac",
+            "1/2/persistent/walk/persistent2/prefetch us");
     for (auto &r : results) {
         double frac = r.bytes / (r.fused_us * 1e-6) / copy_rate;
-        fprintf(table, "%7d %3d/%-2d %9.2f %9.1f %7.2fx %9.2f %7.2fx %8.3f  %.2f/%.2f/%.2f\n", r.tokens,
-                r.hq, r.hkv, r.fused_us, r.anchor, r.anchor / r.fused_us, r.unfused_us,
-                r.unfused_us / r.fused_us, frac, r.items_us[0], r.items_us[1], r.items_us[2]);
+        fprintf(table,
+                "%7d %3d/%-2d %9.2f %9.1f %7.2fx %9.2f %7.2fx %8.3f  %.2f/%.2f/%.2f/%.2f/%.2f/%.2f\n",
+                r.tokens, r.hq, r.hkv, r.fused_us, r.anchor, r.anchor / r.fused_us, r.unfused_us,
+                r.unfused_us / r.fused_us, frac, r.items_us[0], r.items_us[1], r.items_us[2],
+                r.items_us[3], r.items_us[4], r.items_us[5]);
     }
     if (json) {
         printf("[\n");
@@ -436,10 +444,12 @@ int main(int argc, char **argv)
                    "\"head_dim\": %d, \"page_tokens\": %d, \"fused_us\": %.3f, \"unfused_us\": %.3f, "
                    "\"speedup\": %.3f, \"bytes\": %.0f, \"hbm_copy_gbps\": %.1f, \"hbm_fraction\": %.4f, "
                    "\"anchor_us\": %.1f, \"vs_anchor\": %.3f, \"items1_us\": %.3f, \"items2_us\": %.3f, "
-                   "\"persistent_us\": %.3f}%s\n",
+                   "\"persistent_us\": %.3f, \"walk_us\": %.3f, \"persistent2_us\": %.3f, "
+                   "\"persistent_pf_us\": %.3f}%s\n",
                    prop.name, r.tokens, r.hq, r.hkv, kD, kP, r.fused_us, r.unfused_us,
                    r.unfused_us / r.fused_us, r.bytes, copy_rate / 1e9, frac, r.anchor,
                    r.anchor / r.fused_us, r.items_us[0], r.items_us[1], r.items_us[2],
+                   r.items_us[3], r.items_us[4], r.items_us[5],
                    i + 1 < results.size() ? "," : "");
         }
         printf("]\n");

@@ -105,6 +105,15 @@ template <int kChunks> __device__ __forceinline__ int swz_k(int row)
 {
     return kChunks >= 8 ? (row & 1) << 2 : 0;
 }
+template <int kChunks> __device__ __forceinline__ int swz_v(int row);
+
+/* Byte address in a V stage of byte `off` of token row `row` (swizzled by 16-byte chunk). */
+template <int kRowBytes> __device__ __forceinline__ int v_addr(int row, int off)
+{
+    constexpr int kChunks = kRowBytes / 16;
+    return row * kRowBytes + (((off >> 4) ^ swz_v<kChunks>(row)) << 4) + (off & 15);
+}
+
 template <int kChunks> __device__ __forceinline__ int swz_v(int row)
 {
     if (kChunks == 4)
@@ -845,8 +854,8 @@ template <int D, bool FP8KV, int NW, bool Q8 = false> struct Attend {
             const int slice = g * S::kSliceBytes;
             if (S::kSliceBytes == 8) {
                 /* FP8, D = 64: 8 bytes = 8 dims per row */
-                uint2 x0 = lds64(sV + vaddr(r0, slice)), x1 = lds64(sV + vaddr(r1, slice));
-                uint2 x2 = lds64(sV + vaddr(r2, slice)), x3 = lds64(sV + vaddr(r3, slice));
+                uint2 x0 = lds64(sV + v_addr<S::kRowBytes>(r0, slice)), x1 = lds64(sV + v_addr<S::kRowBytes>(r1, slice));
+                uint2 x2 = lds64(sV + v_addr<S::kRowBytes>(r2, slice)), x3 = lds64(sV + v_addr<S::kRowBytes>(r3, slice));
                 uint32_t a0[2] = {x0.x, x0.y}, a1[2] = {x1.x, x1.y};
                 uint32_t a2[2] = {x2.x, x2.y}, a3[2] = {x3.x, x3.y};
 #pragma unroll
@@ -856,8 +865,8 @@ template <int D, bool FP8KV, int NW, bool Q8 = false> struct Attend {
 #pragma unroll
                 for (int piece = 0; piece < S::kSliceBytes / 16; piece++) {
                     int off = slice + piece * 16;
-                    uint4 x0 = lds128(sV + vaddr(r0, off)), x1 = lds128(sV + vaddr(r1, off));
-                    uint4 x2 = lds128(sV + vaddr(r2, off)), x3 = lds128(sV + vaddr(r3, off));
+                    uint4 x0 = lds128(sV + v_addr<S::kRowBytes>(r0, off)), x1 = lds128(sV + v_addr<S::kRowBytes>(r1, off));
+                    uint4 x2 = lds128(sV + v_addr<S::kRowBytes>(r2, off)), x3 = lds128(sV + v_addr<S::kRowBytes>(r3, off));
                     uint32_t a0[4] = {x0.x, x0.y, x0.z, x0.w}, a1[4] = {x1.x, x1.y, x1.z, x1.w};
                     uint32_t a2[4] = {x2.x, x2.y, x2.z, x2.w}, a3[4] = {x3.x, x3.y, x3.z, x3.w};
 #pragma unroll
@@ -868,12 +877,6 @@ template <int D, bool FP8KV, int NW, bool Q8 = false> struct Attend {
         }
     }
 
-    /* Byte address in a V stage of byte `off` of token row `row` (swizzled by 16-byte chunk). */
-    static __device__ __forceinline__ int vaddr(int row, int off)
-    {
-        int j = off >> 4;
-        return row * S::kRowBytes + ((j ^ swz_v<S::kChunks>(row)) << 4) + (off & 15);
-    }
 
     /* One 32-bit word of the lane's V slice from 4 token rows (t0, t1: k-slots 2c, 2c+1;
      * t2, t3: 2c+8, 2c+9) -> B fragments of its n-blocks -> mma. Word wv holds slice
@@ -1000,7 +1003,8 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 2 : 1) dec_attend_kernel(co
  * stages, each one 32-token chunk of K and V (and their in-page K scales): no barrier between
  * warps, no merge inside the CTA, and the fixed work of a chunk (copies, softmax update) is
  * paid once per 32 tokens by one warp instead of once per 16 tokens by each of four. A CTA is
- * one warp, so the resident count follows shared memory alone (about nine per SM at D = 128).
+ * one warp, so the resident count follows registers and shared memory alone (8 per SM at
+ * D = 128).
  * MT m-tiles of 16 rows share every K and V fragment: Q.K as e4m3 mma straight from the cached
  * bytes, P.V as f16 mma with V converted in registers (exact), as in Attend. */
 template <int D, int MT, bool kLo8 = false> struct WarpAttend {
@@ -1383,7 +1387,7 @@ template <int D, int MT, bool kLo8 = false> struct WarpAttend {
 #pragma unroll
                 for (int rr = 0; rr < 4; rr++) {
                     int row = r0 + (rr & 1) + 8 * (rr >> 1);
-                    const uint8_t *a = sV + vaddr(row, slice + piece * 16);
+                    const uint8_t *a = sV + v_addr<S::kRowBytes>(row, slice + piece * 16);
                     if (S::kSliceBytes == 8) {
                         uint2 w = lds64(a);
                         x[rr][0] = w.x;
@@ -1419,11 +1423,6 @@ template <int D, int MT, bool kLo8 = false> struct WarpAttend {
         }
     }
 
-    static __device__ __forceinline__ int vaddr(int row, int off)
-    {
-        int j = off >> 4;
-        return row * S::kRowBytes + ((j ^ swz_v<S::kChunks>(row)) << 4) + (off & 15);
-    }
 
     /* the pair's only task: BF16 O and the LSE straight to the outputs (defined below) */
     static __device__ void finalize_out(const DecParams &p, int req, int kvh, int R, int g,

@@ -421,17 +421,43 @@ int main(int argc, char **argv)
     failures += t.failed != 0;
 
     /* Prefill-sized calls: every variant of the kernel (1, 2, 4 items per group, the persistent
-     * grid), the default choice included. */
+     * grid, the walk grid, the ring grid, the prefetching persistent grid), the default choice
+     * included; the grids also on head counts that are not multiples of the groups per warp
+     * (8/1, 6/2: warps that would mix head kinds, a partial last tile of the walk at head dim
+     * 64), on every page size. */
     tally big = {};
-    const int variants[5] = {0, 1, 2, 4, 8};
+    const int variants[8] = {0, 1, 2, 4, 8, 16, 32, 64};
     for (int di = 0; di < 3; di++)
-        for (int v = 0; v < 5; v++)
+        for (int v = 0; v < 8; v++)
             for (int kv = 0; kv < 3; kv++) {
                 cfg c = {dims[di], 64, 32, 8, (v + kv) & 1, (v + di) % 3, (kv + di + v) & 1, kv,
                          (v + di) & 1, 1140};
                 run_config(&b, &c, variants[v], &big, 1);
             }
-    printf("%s large calls: %ld configs (1140 tokens x 48 heads), %ld failed; bit differences: "
+    const int mixed_hq[2] = {8, 6}, mixed_hkv[2] = {1, 2};
+    for (int di = 0; di < 3; di++)
+        for (int s = 0; s < 2; s++)
+            for (int kv = 0; kv < 3; kv++) {
+                cfg c = {dims[di], 16 << (kv + s), mixed_hq[s], mixed_hkv[s], (s + kv) & 1,
+                         (s + di + kv) % 3, (kv + di) & 1, kv, (s + di) & 1, 1140};
+                run_config(&b, &c, 8, &big, 1);
+                run_config(&b, &c, 16, &big, 1);
+                run_config(&b, &c, 32, &big, 1);
+                run_config(&b, &c, 64, &big, 1);
+            }
+    /* The ring and prefetching grids where the warps mix head kinds over several items per
+     * group: 30/6 heads (42 per token) at 1140 tokens are some 48000 items, several times a
+     * resident grid's stride (a ring refill needs 2 strides, a prefetch 3: at head dim 256
+     * both, at 128 the refills), and groups end their walks at different items. Pages of 32
+     * tokens and more, so that the pool's 64 blocks hold all three requests. */
+    for (int di = 0; di < 3; di++)
+        for (int kv = 0; kv < 3; kv++) {
+            cfg c = {dims[di], 32 << kv, 30, 6, kv & 1, (di + kv) % 3, (di + 1) & 1, kv,
+                     (di + kv) & 1, 1140};
+            run_config(&b, &c, 32, &big, 1);
+            run_config(&b, &c, 64, &big, 1);
+        }
+    printf("%s large calls: %ld configs (1140 tokens), %ld failed; bit differences: "
            "q %ld, kv %ld, scales %ld\n", big.failed ? "FAIL" : "PASS", big.configs, big.failed,
            big.q_exact_diff, big.kv_exact_diff, big.scale_diff);
     failures += big.failed != 0;
