@@ -206,10 +206,11 @@ template <int LH> __device__ __forceinline__ void hadamard(float *x, int j, unsi
         x[i] = __fmul_rn(x[i], scale);
 }
 
-/* amax / 448 correctly rounded, in three operations instead of a full division: q = amax *
- * RN(1/448), then one Markstein correction with the exact remainder (fma). Checked against
- * the IEEE division for every float in [0, +inf] on the CPU (same fma and rounding rules):
- * equal for every finite amax; +inf needs the uncorrected product (inf - inf is NaN), hence
+/* amax / 448 in three operations instead of a full division: q = amax * RN(1/448), then one
+ * Markstein correction with the exact remainder (fma). After the floor TKVK_MIN_SCALE that
+ * dynamic_scale() applies, it equals the IEEE division for every amax in [0, +inf]
+ * (tests/kernels/test_prologue.c replays these operations on the CPU; below the floor the two
+ * may differ in the last bit). +inf needs the uncorrected product (inf - inf is NaN), hence
  * the select. amax is never NaN or negative (a maximum of |x| started at 0). */
 __device__ __forceinline__ float div448(float m)
 {

@@ -9,6 +9,7 @@
  * double-precision computation (Hadamard as a matrix product) within FP8 rounding. */
 #include <check.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -613,6 +614,40 @@ START_TEST(sweep_against_double_reference)
 }
 END_TEST
 
+/* The CUDA kernel computes the dynamic scale max(amax / 448, TKVK_MIN_SCALE) with amax / 448
+ * as q = amax * RN(1/448) plus one fma correction (div448() in kernels/prologue.cu), which must
+ * give the scale of the IEEE division the reference does, or GPU and CPU scales would differ.
+ * (Below TKVK_MIN_SCALE * 448 the two may differ in the last bit; the floor hides it.) The same
+ * float operations here, over every float below 2^-109 and every third one above, up to
+ * FLT_MAX, and +inf. */
+static float div448_as_kernel(float m)
+{
+    const float r = 1.0f / TKVK_FP8_MAX;
+    const float q = m * r;
+    const float rem = fmaf(-q, TKVK_FP8_MAX, m);
+    const float q2 = fmaf(rem, r, q);
+    return m <= 3.40282347e38f ? q2 : q;
+}
+
+START_TEST(kernel_division_by_448_is_exact)
+{
+    volatile float d = TKVK_FP8_MAX; /* a real division, not folded into a product */
+    uint64_t checked = 0, bad = 0;
+    for (uint64_t u = 0; u <= 0x7f800000u; u += (u < 0x09000000u ? 1 : 3)) {
+        uint32_t bits = (uint32_t)u;
+        float m, got, want;
+        memcpy(&m, &bits, 4);
+        got = fmaxf(div448_as_kernel(m), TKVK_MIN_SCALE);
+        want = fmaxf(m / d, TKVK_MIN_SCALE);
+        if (memcmp(&got, &want, 4) != 0)
+            bad++;
+        checked++;
+    }
+    ck_assert_uint_gt(checked, 700000000u);
+    ck_assert_uint_eq(bad, 0);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("kernels_prologue");
@@ -625,6 +660,10 @@ int main(void)
     tcase_add_test(tc, slots_and_tail_zero_fill);
     tcase_add_test(tc, unsupported_shapes_are_refused);
     suite_add_tcase(s, tc);
+    TCase *div = tcase_create("div448");
+    tcase_set_timeout(div, 120);
+    tcase_add_test(div, kernel_division_by_448_is_exact);
+    suite_add_tcase(s, div);
     TCase *sweep = tcase_create("sweep");
     tcase_add_test(sweep, sweep_against_double_reference);
     suite_add_tcase(s, sweep);
