@@ -1133,7 +1133,7 @@ static int put_chunk(tkv_store *s, const tkv_key *parent, const tkv_key *keys,
                      tkv_entry **ents, size_t *idx, uint64_t *slots, size_t *num_stored)
 {
     int rc = TKV_OK;
-    size_t m = 0, got = 0, dup = 0, rejected = 0;
+    size_t m = 0, got = 0, dup = 0, rejected = 0, no_room = 0;
 
     wr_lock(s);
     lock(s);
@@ -1156,9 +1156,14 @@ static int put_chunk(tkv_store *s, const tkv_key *parent, const tkv_key *keys,
         probe.depth = e->depth;
         probe.parent = pe && (pe->resident & RES(TKV_TIER_L2)) ? &pe->pe[TKV_TIER_L2] : NULL;
         if (!T2->ops->admit(T2->pstate, &probe, now)) {
-            tkv_entry_free(e);
-            rejected++;
-            continue;
+            if (!l3_writable(s)) {
+                tkv_entry_free(e);
+                rejected++;
+                continue;
+            }
+            /* Not for L2, but L3 below takes every block: it passes through an L2 slot (the
+             * write-back reads from there) and leaves L2 as soon as it is durable. */
+            e->flags |= F_DROP_L2;
         }
         rc = tkv_index_insert(s->ix, e);
         TKV_ASSERT(rc == TKV_OK);
@@ -1174,7 +1179,7 @@ static int put_chunk(tkv_store *s, const tkv_key *parent, const tkv_key *keys,
         ents[j]->state = 0;
         tkv_index_remove(s->ix, ents[j]);
         tkv_entry_free(ents[j]);
-        rejected++;
+        no_room++;
     }
     m = got;
     for (size_t j = 0; j < m; j++)
@@ -1197,14 +1202,16 @@ static int put_chunk(tkv_store *s, const tkv_key *parent, const tkv_key *keys,
         e->state = TKV_BLOCK_READY;
         e->last_access_ms = wall;
         tier_enter(s, e, TKV_TIER_L2, now);
-        if (s->write_through)
+        if (s->write_through || (e->flags & F_DROP_L2))
             wb_queue(s, e);
     }
     s->st.put_blocks += n;
     s->st.put_dup_blocks += dup;
-    s->st.put_rejected_blocks += rejected;
+    s->st.put_rejected_blocks += rejected + no_room;
     *num_stored += m;
-    if (m == 0 && rejected > 0)
+    /* A put the policy did not admit is an answer, not an error: the caller learns it from
+     * num_stored. Only admitted blocks that found no room at all are a failure. */
+    if (m == 0 && no_room > 0)
         rc = TKV_EFULL;
 unlock_out:
     unlock(s);
