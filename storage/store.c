@@ -1428,12 +1428,15 @@ int tkv_store_commit(tkv_store *s, uint64_t alloc_id, const tkv_key *parent,
         probe.depth = e->depth;
         probe.parent = p && (p->resident & RES(TKV_TIER_L2)) ? &p->pe[TKV_TIER_L2] : NULL;
         if (!T2->ops->admit(T2->pstate, &probe, now)) {
-            tkv_entry_free(e);
-            slot_free(s, a->tier, a->slots[i]);
-            if (a->tier == TKV_TIER_L1 && i < num_l2)
-                tkv_pool_free(s->pool, l2slots[i]);
-            rejected++;
-            continue;
+            if (!l3_writable(s) || i >= num_l2) {
+                tkv_entry_free(e);
+                slot_free(s, a->tier, a->slots[i]);
+                if (a->tier == TKV_TIER_L1 && i < num_l2)
+                    tkv_pool_free(s->pool, l2slots[i]);
+                rejected++;
+                continue;
+            }
+            e->flags |= F_DROP_L2; /* as in put: down to L3, out of L2 once durable */
         }
         e->state = TKV_BLOCK_READY;
         e->last_access_ms = wall;
@@ -1450,7 +1453,7 @@ int tkv_store_commit(tkv_store *s, uint64_t alloc_id, const tkv_key *parent,
             e->l1_slot = a->slots[i];
             tier_enter(s, e, TKV_TIER_L1, now);
         }
-        if (s->write_through)
+        if (s->write_through || (e->flags & F_DROP_L2))
             wb_queue(s, e);
         stored++;
     }

@@ -158,7 +158,9 @@ int tkv_store_alloc_tier(tkv_store *s, int tier, size_t n, uint64_t owner, uint6
  * the pool themselves). */
 int tkv_store_alloc_write(tkv_store *s, uint64_t alloc_id, uint32_t index, const void *src);
 /* Publishes the first n slots of an allocation under keys (chain as in tkv_store_put); the
- * rest of the allocation and slots whose key already exists are freed. The allocation ends. */
+ * rest of the allocation and slots whose key already exists are freed. The allocation ends.
+ * Admission as in tkv_store_put: a block the L2 policy refuses goes down to a writable L3 from
+ * its L2 copy (and stays in L1 if committed there), else its slots are freed. */
 int tkv_store_commit(tkv_store *s, uint64_t alloc_id, const tkv_key *parent,
                      const tkv_key *keys, const uint32_t *tokens, size_t n, size_t *num_stored);
 int tkv_store_abort(tkv_store *s, uint64_t alloc_id);
