@@ -854,8 +854,10 @@ template <int D, bool FP8KV, int NW, bool Q8 = false> struct Attend {
             const int slice = g * S::kSliceBytes;
             if (S::kSliceBytes == 8) {
                 /* FP8, D = 64: 8 bytes = 8 dims per row */
-                uint2 x0 = lds64(sV + v_addr<S::kRowBytes>(r0, slice)), x1 = lds64(sV + v_addr<S::kRowBytes>(r1, slice));
-                uint2 x2 = lds64(sV + v_addr<S::kRowBytes>(r2, slice)), x3 = lds64(sV + v_addr<S::kRowBytes>(r3, slice));
+                uint2 x0 = lds64(sV + v_addr<S::kRowBytes>(r0, slice));
+                uint2 x1 = lds64(sV + v_addr<S::kRowBytes>(r1, slice));
+                uint2 x2 = lds64(sV + v_addr<S::kRowBytes>(r2, slice));
+                uint2 x3 = lds64(sV + v_addr<S::kRowBytes>(r3, slice));
                 uint32_t a0[2] = {x0.x, x0.y}, a1[2] = {x1.x, x1.y};
                 uint32_t a2[2] = {x2.x, x2.y}, a3[2] = {x3.x, x3.y};
 #pragma unroll
@@ -865,8 +867,10 @@ template <int D, bool FP8KV, int NW, bool Q8 = false> struct Attend {
 #pragma unroll
                 for (int piece = 0; piece < S::kSliceBytes / 16; piece++) {
                     int off = slice + piece * 16;
-                    uint4 x0 = lds128(sV + v_addr<S::kRowBytes>(r0, off)), x1 = lds128(sV + v_addr<S::kRowBytes>(r1, off));
-                    uint4 x2 = lds128(sV + v_addr<S::kRowBytes>(r2, off)), x3 = lds128(sV + v_addr<S::kRowBytes>(r3, off));
+                    uint4 x0 = lds128(sV + v_addr<S::kRowBytes>(r0, off));
+                    uint4 x1 = lds128(sV + v_addr<S::kRowBytes>(r1, off));
+                    uint4 x2 = lds128(sV + v_addr<S::kRowBytes>(r2, off));
+                    uint4 x3 = lds128(sV + v_addr<S::kRowBytes>(r3, off));
                     uint32_t a0[4] = {x0.x, x0.y, x0.z, x0.w}, a1[4] = {x1.x, x1.y, x1.z, x1.w};
                     uint32_t a2[4] = {x2.x, x2.y, x2.z, x2.w}, a3[4] = {x3.x, x3.y, x3.z, x3.w};
 #pragma unroll
@@ -1064,8 +1068,9 @@ template <int D, int MT, bool kLo8 = false> struct WarpAttend {
         int pos = cu.chunk * kChunk;
         int2 b;
         b.x = pos < cu.len ? __ldg(bt + (pos >> p.page_shift)) : -1;
-        b.y = (p.page_tokens < kChunk && pos + 16 < cu.len) ? __ldg(bt + ((pos + 16) >> p.page_shift))
-                                                           : b.x;
+        b.y = (p.page_tokens < kChunk && pos + 16 < cu.len)
+                  ? __ldg(bt + ((pos + 16) >> p.page_shift))
+                  : b.x;
         return b;
     }
 
@@ -1169,7 +1174,6 @@ template <int D, int MT, bool kLo8 = false> struct WarpAttend {
             cc = ld;
         }
         const uint32_t s_base = smem_u32(smem);
-        float *sKs0 = reinterpret_cast<float *>(smem + 2 * kHalfBytes);
 
         /* loader: block ids of the next chunk to issue are fetched one issue ahead */
         bool ld_more = true;
@@ -1183,9 +1187,8 @@ template <int D, int MT, bool kLo8 = false> struct WarpAttend {
             return open_task(p, first, num, cu);
         };
         auto load_next = [&](int stage) {
-            issue(p, s_base + stage * kStageBytes,
-                  reinterpret_cast<float *>(reinterpret_cast<uint8_t *>(sKs0) + stage * kStageBytes),
-                  ld, ld_blk, lane);
+            float *sKs = reinterpret_cast<float *>(smem + stage * kStageBytes + 2 * kHalfBytes);
+            issue(p, s_base + stage * kStageBytes, sKs, ld, ld_blk, lane);
             ld_more = advance(ld);
             if (ld_more)
                 ld_blk = chunk_blocks(p, ld);
@@ -1457,7 +1460,8 @@ template <int D, int MT, bool kLo8 = false> struct WarpAttend {
                                     o[mt][nb + 2][2 * h + 1] * inv, o[mt][nb + 3][2 * h + 1] * inv);
                 }
                 if (c == 0)
-                    p.part_lse[(size_t)pidx * R + r] = l > 0.0f ? m_run[mt][h] + log2f(l) : -INFINITY;
+                    p.part_lse[(size_t)pidx * R + r] =
+                        l > 0.0f ? m_run[mt][h] + log2f(l) : -INFINITY;
             }
     }
 };

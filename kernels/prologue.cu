@@ -897,61 +897,47 @@ void set_ring(PrologueArgs &a, int ahead, int stride)
     a.ring_heads = (int)(ring % a.heads);
 }
 
-/* PF > 0: the prefetching persistent grid (prefetch PF items on). */
-template <int LH, int PF = 0> int launch_persistent(PrologueArgs &a, cudaStream_t stream)
+typedef void (*grid_fn)(const PrologueArgs);
+
+/* A grid of resident CTAs sweeping the items (the persistent and ring grids): `uni` or `mixed`
+ * by whether a warp's groups hold heads of one kind; ring > 0 sets the cursor `ring` strides
+ * ahead (set_ring). */
+template <int LH>
+int launch_resident(PrologueArgs &a, cudaStream_t stream, grid_fn uni_kernel, grid_fn mixed_kernel,
+                    int ring)
 {
     constexpr int G = 32 / LH;
-    const bool uni = a.hq % G == 0 && a.hkv % G == 0;
+    const grid_fn kernel = a.hq % G == 0 && a.hkv % G == 0 ? uni_kernel : mixed_kernel;
     int dev = 0, sms = 0, per_sm = 0;
     TKVK_CUDA_TRY(cudaGetDevice(&dev));
     TKVK_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    TKVK_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &per_sm, uni ? prologue_persistent<LH, true, PF> : prologue_persistent<LH, false, PF>,
-        kThreads, 0));
+    TKVK_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
     long long needed = ((long long)a.num_items + kWarpsPerCta * G - 1) / (kWarpsPerCta * G);
     long long ctas = std::min<long long>(needed, (long long)sms * std::max(per_sm, 1));
     a.main_ctas = (int)ctas;
     const int stride = a.main_ctas * kWarpsPerCta * G;
     a.stride_tokens = stride / a.heads;
     a.stride_heads = stride % a.heads;
-    if (PF > 0)
-        set_ring(a, PF, stride);
+    if (ring > 0)
+        set_ring(a, ring, stride);
     unsigned grid = (unsigned)(ctas + a.num_reqs);
     if (grid == 0)
         return TKVK_OK;
-    if (uni)
-        prologue_persistent<LH, true, PF><<<grid, kThreads, 0, stream>>>(a);
-    else
-        prologue_persistent<LH, false, PF><<<grid, kThreads, 0, stream>>>(a);
+    kernel<<<grid, kThreads, 0, stream>>>(a);
     TKVK_CUDA_TRY(cudaGetLastError());
     return TKVK_OK;
 }
 
+/* PF > 0: the prefetching persistent grid (prefetch PF items on). */
+template <int LH, int PF = 0> int launch_persistent(PrologueArgs &a, cudaStream_t stream)
+{
+    return launch_resident<LH>(a, stream, prologue_persistent<LH, true, PF>,
+                               prologue_persistent<LH, false, PF>, PF);
+}
+
 template <int LH> int launch_ring(PrologueArgs &a, cudaStream_t stream)
 {
-    constexpr int G = 32 / LH;
-    const bool uni = a.hq % G == 0 && a.hkv % G == 0;
-    int dev = 0, sms = 0, per_sm = 0;
-    TKVK_CUDA_TRY(cudaGetDevice(&dev));
-    TKVK_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    TKVK_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &per_sm, uni ? prologue_ring<LH, true> : prologue_ring<LH, false>, kThreads, 0));
-    long long needed = ((long long)a.num_items + kWarpsPerCta * G - 1) / (kWarpsPerCta * G);
-    long long ctas = std::min<long long>(needed, (long long)sms * std::max(per_sm, 1));
-    a.main_ctas = (int)ctas;
-    const int stride = a.main_ctas * kWarpsPerCta * G;
-    a.stride_tokens = stride / a.heads;
-    a.stride_heads = stride % a.heads;
-    set_ring(a, 2, stride);
-    unsigned grid = (unsigned)(ctas + a.num_reqs);
-    if (grid == 0)
-        return TKVK_OK;
-    if (uni)
-        prologue_ring<LH, true><<<grid, kThreads, 0, stream>>>(a);
-    else
-        prologue_ring<LH, false><<<grid, kThreads, 0, stream>>>(a);
-    TKVK_CUDA_TRY(cudaGetLastError());
-    return TKVK_OK;
+    return launch_resident<LH>(a, stream, prologue_ring<LH, true>, prologue_ring<LH, false>, 2);
 }
 
 template <int LH> int launch_walk(PrologueArgs &a, cudaStream_t stream)
