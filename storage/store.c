@@ -1128,6 +1128,24 @@ static const tkv_key zero_key;
 
 /* Stores one chunk (at most a quarter of L2, so a large put streams through L2 while
  * write-back drains it). new_ents/slots are scratch arrays of n entries. */
+/* mu held: the L2 policy's verdict on new entry e under parent pe (may be NULL). Refused
+ * blocks are kept when a writable L3 can take them (and l2_copy: they have an L2 slot to go
+ * down from): marked F_DROP_L2, they pass through L2 and leave it once durable. Returns false
+ * when e is not to be stored at all. */
+static bool l2_admit(tkv_store *s, tkv_entry *e, tkv_entry *pe, uint64_t now, bool l2_copy)
+{
+    tier *T2 = &s->tiers[TKV_TIER_L2];
+    tkv_policy_entry probe = {0};
+    probe.depth = e->depth;
+    probe.parent = pe && (pe->resident & RES(TKV_TIER_L2)) ? &pe->pe[TKV_TIER_L2] : NULL;
+    if (T2->ops->admit(T2->pstate, &probe, now))
+        return true;
+    if (!l3_writable(s) || !l2_copy)
+        return false;
+    e->flags |= F_DROP_L2;
+    return true;
+}
+
 static int put_chunk(tkv_store *s, const tkv_key *parent, const tkv_key *keys,
                      const uint32_t *tokens, const void *const *payloads, size_t n,
                      tkv_entry **ents, size_t *idx, uint64_t *slots, size_t *num_stored)
@@ -1141,7 +1159,6 @@ static int put_chunk(tkv_store *s, const tkv_key *parent, const tkv_key *keys,
         rc = TKV_ECLOSED;
         goto unlock_out;
     }
-    tier *T2 = &s->tiers[TKV_TIER_L2];
     uint64_t now = tkv_now_ns();
     for (size_t i = 0; i < n; i++) {
         const tkv_key *pk = i ? &keys[i - 1] : parent ? parent : &zero_key;
@@ -1152,18 +1169,10 @@ static int put_chunk(tkv_store *s, const tkv_key *parent, const tkv_key *keys,
         tkv_entry *pe = tkv_index_find(s->ix, pk);
         tkv_entry *e = tkv_entry_new(&keys[i], pk, pe ? pe->depth + 1 : 0);
         e->state = TKV_BLOCK_WRITING;
-        tkv_policy_entry probe = {0};
-        probe.depth = e->depth;
-        probe.parent = pe && (pe->resident & RES(TKV_TIER_L2)) ? &pe->pe[TKV_TIER_L2] : NULL;
-        if (!T2->ops->admit(T2->pstate, &probe, now)) {
-            if (!l3_writable(s)) {
-                tkv_entry_free(e);
-                rejected++;
-                continue;
-            }
-            /* Not for L2, but L3 below takes every block: it passes through an L2 slot (the
-             * write-back reads from there) and leaves L2 as soon as it is durable. */
-            e->flags |= F_DROP_L2;
+        if (!l2_admit(s, e, pe, now, true)) {
+            tkv_entry_free(e);
+            rejected++;
+            continue;
         }
         rc = tkv_index_insert(s->ix, e);
         TKV_ASSERT(rc == TKV_OK);
@@ -1411,7 +1420,6 @@ int tkv_store_commit(tkv_store *s, uint64_t alloc_id, const tkv_key *parent,
     size_t stored = 0, dup = 0, rejected = 0;
     wr_lock(s);
     lock(s);
-    tier *T2 = &s->tiers[TKV_TIER_L2];
     uint64_t now = tkv_now_ns(), wall = tkv_wall_ms();
     for (size_t i = 0; i < n; i++) {
         const tkv_key *pk = i ? &keys[i - 1] : parent ? parent : &zero_key;
@@ -1424,19 +1432,13 @@ int tkv_store_commit(tkv_store *s, uint64_t alloc_id, const tkv_key *parent,
         }
         tkv_entry *p = tkv_index_find(s->ix, pk);
         tkv_entry *e = tkv_entry_new(&keys[i], pk, p ? p->depth + 1 : 0);
-        tkv_policy_entry probe = {0};
-        probe.depth = e->depth;
-        probe.parent = p && (p->resident & RES(TKV_TIER_L2)) ? &p->pe[TKV_TIER_L2] : NULL;
-        if (!T2->ops->admit(T2->pstate, &probe, now)) {
-            if (!l3_writable(s) || i >= num_l2) {
-                tkv_entry_free(e);
-                slot_free(s, a->tier, a->slots[i]);
-                if (a->tier == TKV_TIER_L1 && i < num_l2)
-                    tkv_pool_free(s->pool, l2slots[i]);
-                rejected++;
-                continue;
-            }
-            e->flags |= F_DROP_L2; /* as in put: down to L3, out of L2 once durable */
+        if (!l2_admit(s, e, p, now, i < num_l2)) {
+            tkv_entry_free(e);
+            slot_free(s, a->tier, a->slots[i]);
+            if (a->tier == TKV_TIER_L1 && i < num_l2)
+                tkv_pool_free(s->pool, l2slots[i]);
+            rejected++;
+            continue;
         }
         e->state = TKV_BLOCK_READY;
         e->last_access_ms = wall;
