@@ -262,15 +262,31 @@ struct Result {
     int tokens, hq, hkv;
     double fused_us, unfused_us, bytes, anchor;
     /* 1, 2 items per group; persistent grid; walk grid; ring grid (two items of input in
-     * flight per group); persistent grid prefetching into L2 */
-    double items_us[6];
+     * flight per group); persistent grid prefetching into L2; persistent grid with streaming
+     * stores in the fixed mode */
+    double items_us[8];
 };
 
 } // namespace
 
 int main(int argc, char **argv)
 {
-    bool json = argc > 1 && strcmp(argv[1], "--json") == 0;
+    /* --json: JSON on stdout, the table on stderr; --tokens N, --hq H: that case only (for a
+     * profiler run). */
+    bool json = false;
+    int only_tokens = 0, only_hq = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json"))
+            json = true;
+        else if (!strcmp(argv[i], "--tokens") && i + 1 < argc)
+            only_tokens = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--hq") && i + 1 < argc)
+            only_hq = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: prologue_bench [--json] [--tokens N] [--hq H]\n");
+            return 2;
+        }
+    }
     FILE *table = json ? stderr : stdout;
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -339,6 +355,8 @@ int main(int argc, char **argv)
     for (int hc = 0; hc < 2; hc++)
         for (int ti = 0; ti < 7; ti++) {
             const int tokens = token_counts[ti], hq = hqs[hc], hkv = hkvs[hc];
+            if ((only_tokens && tokens != only_tokens) || (only_hq && hq != only_hq))
+                continue;
             const tkvk_layout *lay = hkv == 8 ? &lay8 : &lay1;
             const bool decode = tokens < 4096;
             const int nreq = decode ? tokens : tokens / 4096;
@@ -393,9 +411,10 @@ int main(int argc, char **argv)
             res.hkv = hkv;
             res.fused_us = graph_median_us([&](cudaStream_t st) { TKV_CHECK(tkvk_prologue_cuda(&p, st)); }, s);
             /* tkvk__prologue_cuda_tuned() variants: 8 the persistent grid, 16 the walk grid, 32
-             * the ring grid, 64 the prefetching persistent grid. */
-            const int items[6] = {1, 2, 8, 16, 32, 64};
-            for (int v = 0; v < 6; v++)
+             * the ring grid, 64 the prefetching persistent grid, 128 the persistent grid with
+             * streaming stores in the fixed mode, 256 the walk grid so. */
+            const int items[8] = {1, 2, 8, 16, 32, 64, 128, 256};
+            for (int v = 0; v < 8; v++)
                 res.items_us[v] = graph_median_us(
                     [&](cudaStream_t st) { TKV_CHECK(tkvk__prologue_cuda_tuned(&p, st, items[v])); }, s);
             const float inv_k = 1.0f / p.k_scale, inv_v = 1.0f / p.v_scale;
@@ -426,14 +445,14 @@ int main(int argc, char **argv)
             prop.name, copy_rate / 1e9);
     fprintf(table, "%7s %6s %9s %9s %8s %9s %8s %8s  %s\n", "tokens", "heads", "fused_us",
             "anchor_us", "vs_anch", "unfused", "speedup", "hbm_frac",
-            "1/2/persistent/walk/persistent2/prefetch us");
+            "1/2/persistent/walk/ring/prefetch/fixed/walkfixed us");
     for (auto &r : results) {
         double frac = r.bytes / (r.fused_us * 1e-6) / copy_rate;
         fprintf(table,
-                "%7d %3d/%-2d %9.2f %9.1f %7.2fx %9.2f %7.2fx %8.3f  %.2f/%.2f/%.2f/%.2f/%.2f/%.2f\n",
+                "%7d %3d/%-2d %9.2f %9.1f %7.2fx %9.2f %7.2fx %8.3f  %.2f/%.2f/%.2f/%.2f/%.2f/%.2f/%.2f/%.2f\n",
                 r.tokens, r.hq, r.hkv, r.fused_us, r.anchor, r.anchor / r.fused_us, r.unfused_us,
                 r.unfused_us / r.fused_us, frac, r.items_us[0], r.items_us[1], r.items_us[2],
-                r.items_us[3], r.items_us[4], r.items_us[5]);
+                r.items_us[3], r.items_us[4], r.items_us[5], r.items_us[6], r.items_us[7]);
     }
     if (json) {
         printf("[\n");
@@ -445,11 +464,11 @@ int main(int argc, char **argv)
                    "\"speedup\": %.3f, \"bytes\": %.0f, \"hbm_copy_gbps\": %.1f, \"hbm_fraction\": %.4f, "
                    "\"anchor_us\": %.1f, \"vs_anchor\": %.3f, \"items1_us\": %.3f, \"items2_us\": %.3f, "
                    "\"persistent_us\": %.3f, \"walk_us\": %.3f, \"persistent2_us\": %.3f, "
-                   "\"persistent_pf_us\": %.3f}%s\n",
+                   "\"persistent_pf_us\": %.3f, \"persistent_fixed_us\": %.3f, \"walk_fixed_us\": %.3f}%s\n",
                    prop.name, r.tokens, r.hq, r.hkv, kD, kP, r.fused_us, r.unfused_us,
                    r.unfused_us / r.fused_us, r.bytes, copy_rate / 1e9, frac, r.anchor,
                    r.anchor / r.fused_us, r.items_us[0], r.items_us[1], r.items_us[2],
-                   r.items_us[3], r.items_us[4], r.items_us[5],
+                   r.items_us[3], r.items_us[4], r.items_us[5], r.items_us[6], r.items_us[7],
                    i + 1 < results.size() ? "," : "");
         }
         printf("]\n");

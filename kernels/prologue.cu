@@ -16,7 +16,8 @@
  * of tokens head by head, for head counts where the persistent grid's warps would mix head
  * kinds; two deeper forms of the persistent grid, forced through tkvk__prologue_cuda_tuned()
  * only: a ring grid with two items of input in flight per group in registers, and a grid that
- * prefetches its input into L2 a few items ahead. The launcher picks by size and
+ * prefetches its input into L2 a few items ahead. The persistent grid also comes compiled for
+ * one fixed set of modes with streaming stores (kOptFixedMode). The launcher picks by size and
  * shape (see launch_d). The tail zero-fill runs in extra CTAs after the token CTAs, one per
  * request.
  *
@@ -103,6 +104,16 @@ __device__ __forceinline__ uint4 pack8_bf16(const float *x)
 {
     return make_uint4(tkvk_bf16x2_from_float2(x[0], x[1]), tkvk_bf16x2_from_float2(x[2], x[3]),
                       tkvk_bf16x2_from_float2(x[4], x[5]), tkvk_bf16x2_from_float2(x[6], x[7]));
+}
+
+/* A store of an output; CS: streaming (st.global.cs: evict first), written once and never
+ * read here. */
+template <bool CS, typename V> __device__ __forceinline__ void put(void *dst, const V &v)
+{
+    if constexpr (CS)
+        __stcs(reinterpret_cast<V *>(dst), v);
+    else
+        *reinterpret_cast<V *>(dst) = v;
 }
 
 __device__ __forceinline__ void load8f(const float *src, float *dst)
@@ -265,41 +276,71 @@ __device__ void zero_tail(const PrologueArgs &a, int r)
     }
 }
 
+/* Options of the persistent grid (OPT bits): streaming stores (put()); the fixed mode: the
+ * call's modes are the anchor's (norm before RoPE, NeoX, no Hadamard, FP8 Q, FP8 K/V with
+ * per-tensor scales) and known at compile time, so no per-item test of a mode flag (each a
+ * constant load, a compare and a branch; together a tenth of the instructions). */
+constexpr int kOptStreamStores = 1, kOptFixedMode = 2;
+
+/* The call's modes: compile-time constants under kOptFixedMode, else read from a. */
+template <int OPT> struct Modes {
+    static constexpr bool fixed = (OPT & kOptFixedMode) != 0;
+    int norm;
+    bool gptj, had, q_fp8, kv_fp8, per_token_head;
+    __device__ __forceinline__ explicit Modes(const PrologueArgs &a)
+        : norm(fixed ? (int)TKVK_NORM_BEFORE_ROPE : a.norm_mode),
+          gptj(fixed ? false : a.rope_gptj != 0), had(fixed ? false : a.hadamard != 0),
+          q_fp8(fixed || a.q_fp8), kv_fp8(fixed || a.kv_fp8),
+          per_token_head(fixed ? false : a.per_token_head != 0)
+    {
+    }
+};
+
+/* Whether the call's modes are the fixed mode's. */
+bool fixed_mode(const PrologueArgs &a)
+{
+    return a.norm_mode == TKVK_NORM_BEFORE_ROPE && !a.rope_gptj && !a.hadamard && a.q_fp8 &&
+           a.kv_fp8 && !a.per_token_head;
+}
+
 /* One (token t, head h) item, its lane's 16 elements already unpacked into x: the header's
- * steps, then the stores. pos is read for Q/K heads only, slot for K/V heads only. */
-template <int LH>
+ * steps, then the stores. pos is read for Q/K heads only, slot for K/V heads only. OPT: the
+ * kOpt* bits above. */
+template <int LH, int OPT = 0>
 __device__ __forceinline__ void process_unpacked(const PrologueArgs &a, float *x, int t, int h,
                                                  int pos, long long slot, int j, unsigned gmask)
 {
     constexpr int D = LH * 16;
+    constexpr bool cs = (OPT & kOptStreamStores) != 0;
+    const Modes<OPT> m(a);
     if (h < a.hq + a.hkv) {
         /* A position outside the table cannot be refused after launch: clamp so the read
          * stays inside it (the CPU function refuses; callers validate). */
         const int p = min(max(pos, 0), a.max_pos - 1);
         const float *w = h < a.hq ? a.q_norm_weight : a.k_norm_weight;
-        if (a.norm_mode == TKVK_NORM_BEFORE_ROPE)
+        if (m.norm == TKVK_NORM_BEFORE_ROPE)
             rms_norm<LH>(x, w, j, gmask, a.norm_eps);
         rope<LH>(x, a.rope_cos + (long long)p * (D / 2), a.rope_sin + (long long)p * (D / 2), j,
-                 a.rope_gptj != 0);
-        if (a.norm_mode == TKVK_NORM_AFTER_ROPE)
+                 m.gptj);
+        if (m.norm == TKVK_NORM_AFTER_ROPE)
             rms_norm<LH>(x, w, j, gmask, a.norm_eps);
-        if (a.hadamard)
+        if (m.had)
             hadamard<LH>(x, j, gmask, a.hadamard_scale);
     }
     if (h < a.hq) {
         const long long row = (long long)t * a.hq + h;
-        if (a.q_fp8) {
+        if (m.q_fp8) {
             const float scale = dynamic_scale<LH>(x, gmask);
             const float inv = __frcp_rn(scale);
             uint8_t *dst = static_cast<uint8_t *>(a.q_out) + row * D + 8 * j;
-            *reinterpret_cast<uint2 *>(dst) = pack8_fp8(x, inv);
-            *reinterpret_cast<uint2 *>(dst + D / 2) = pack8_fp8(x + 8, inv);
+            put<cs>(dst, pack8_fp8(x, inv));
+            put<cs>(dst + D / 2, pack8_fp8(x + 8, inv));
             if (j == 0)
                 a.q_scale_out[row] = scale;
         } else {
             uint16_t *dst = static_cast<uint16_t *>(a.q_out) + row * D + 8 * j;
-            *reinterpret_cast<uint4 *>(dst) = pack8_bf16(x);
-            *reinterpret_cast<uint4 *>(dst + D / 2) = pack8_bf16(x + 8);
+            put<cs>(dst, pack8_bf16(x));
+            put<cs>(dst + D / 2, pack8_bf16(x + 8));
         }
         return;
     }
@@ -310,14 +351,14 @@ __device__ __forceinline__ void process_unpacked(const PrologueArgs &a, float *x
     const long long off = slot & ((1 << a.page_shift) - 1);
     uint8_t *page = a.pool_layer + (slot >> a.page_shift) * a.block_stride;
     uint8_t *row = page + (is_v ? a.v_offset : 0) + off * a.token_stride;
-    if (!a.kv_fp8) {
+    if (!m.kv_fp8) {
         uint16_t *dst = reinterpret_cast<uint16_t *>(row) + kvh * D + 8 * j;
-        *reinterpret_cast<uint4 *>(dst) = pack8_bf16(x);
-        *reinterpret_cast<uint4 *>(dst + D / 2) = pack8_bf16(x + 8);
+        put<cs>(dst, pack8_bf16(x));
+        put<cs>(dst + D / 2, pack8_bf16(x + 8));
         return;
     }
     float inv;
-    if (!a.per_token_head) {
+    if (!m.per_token_head) {
         inv = is_v ? a.inv_v_scale : a.inv_k_scale;
     } else if (is_v) {
         inv = __frcp_rn(__ldg(a.v_head_scales + kvh));
@@ -328,12 +369,12 @@ __device__ __forceinline__ void process_unpacked(const PrologueArgs &a, float *x
             reinterpret_cast<float *>(page + a.kscale_offset)[off * a.hkv + kvh] = scale;
     }
     uint8_t *dst = row + kvh * D + 8 * j;
-    *reinterpret_cast<uint2 *>(dst) = pack8_fp8(x, inv);
-    *reinterpret_cast<uint2 *>(dst + D / 2) = pack8_fp8(x + 8, inv);
+    put<cs>(dst, pack8_fp8(x, inv));
+    put<cs>(dst + D / 2, pack8_fp8(x + 8, inv));
 }
 
 /* The same from the item's two raw 16-byte loads. */
-template <int LH>
+template <int LH, int OPT = 0>
 __device__ __forceinline__ void process_item(const PrologueArgs &a, const uint4 &raw0,
                                              const uint4 &raw1, int t, int h, int pos,
                                              long long slot, int j, unsigned gmask)
@@ -341,7 +382,7 @@ __device__ __forceinline__ void process_item(const PrologueArgs &a, const uint4 
     float x[16];
     unpack8(raw0, x);
     unpack8(raw1, x + 8);
-    process_unpacked<LH>(a, x, t, h, pos, slot, j, gmask);
+    process_unpacked<LH, OPT>(a, x, t, h, pos, slot, j, gmask);
 }
 
 template <int LH, int ITEMS>
@@ -428,8 +469,8 @@ constexpr int kPrefetchAhead = 3;
  * reductions then use the full warp mask, which nvcc compiles to plain SHFL.BFLY instead of
  * a convergence check (MATCH, REDUX, VOTE, a divergent fallback) per reduction.
  * PF > 0: also prefetch into L2 the input PF items on (see kPrefetchAhead); PF = 0 is the
- * persistent grid itself. */
-template <int LH, bool UNI, int PF = 0>
+ * persistent grid itself. OPT: the kOpt* bits. */
+template <int LH, bool UNI, int PF = 0, int OPT = 0>
 __global__ void __launch_bounds__(kThreads, 4) prologue_persistent(const __grid_constant__ PrologueArgs a)
 {
     constexpr int D = LH * 16, G = 32 / LH;
@@ -486,7 +527,7 @@ __global__ void __launch_bounds__(kThreads, 4) prologue_persistent(const __grid_
             if (h >= a.hq)
                 slot = __ldg(reinterpret_cast<const long long *>(a.slot_mapping) + t);
         }
-        process_item<LH>(a, c0, c1, ct, ch, cpos, cslot, j, gmask);
+        process_item<LH, OPT>(a, c0, c1, ct, ch, cpos, cslot, j, gmask);
         if (!more)
             break;
         item = next;
@@ -670,10 +711,9 @@ __device__ __forceinline__ void walk_meta(const PrologueArgs &a, int t, bool val
  * out of the walk's loop and spill. The same c, s values reach the same pairs as in rope<LH>().
  * cs_row = position * D/2 (< 2^31: the launcher checks). */
 template <int LH> __device__ __forceinline__ void rope_walk(const PrologueArgs &a, float *x,
-                                                            int cs_row, int j)
+                                                            int cs_row, int j, bool gptj)
 {
     constexpr int D = LH * 16;
-    const bool gptj = a.rope_gptj != 0;
     const int o0 = cs_row + (gptj ? 4 * j : 8 * j); /* NeoX 8j .. 8j+7; GPT-J pairs 4j .. 4j+3 */
     const int o1 = o0 + (gptj ? D / 4 : 4);         /* .. and D/4 + 4j .. D/4 + 4j + 3 */
     float c[8], s[8];
@@ -699,17 +739,17 @@ template <int LH> __device__ __forceinline__ void rope_walk(const PrologueArgs &
 }
 
 /* The steps of the header on a Q or K head (kind uniform over the warp). */
-template <int LH>
-__device__ __forceinline__ void walk_qk_math(const PrologueArgs &a, float *x, const float *w,
-                                             int cs_row, int j)
+template <int LH, int OPT>
+__device__ __forceinline__ void walk_qk_math(const PrologueArgs &a, const Modes<OPT> &m, float *x,
+                                             const float *w, int cs_row, int j)
 {
     constexpr unsigned kAll = 0xffffffffu;
-    if (a.norm_mode == TKVK_NORM_BEFORE_ROPE)
+    if (m.norm == TKVK_NORM_BEFORE_ROPE)
         rms_norm<LH>(x, w, j, kAll, a.norm_eps);
-    rope_walk<LH>(a, x, cs_row, j);
-    if (a.norm_mode == TKVK_NORM_AFTER_ROPE)
+    rope_walk<LH>(a, x, cs_row, j, m.gptj);
+    if (m.norm == TKVK_NORM_AFTER_ROPE)
         rms_norm<LH>(x, w, j, kAll, a.norm_eps);
-    if (a.hadamard)
+    if (m.had)
         hadamard<LH>(x, j, kAll, a.hadamard_scale);
 }
 
@@ -744,11 +784,14 @@ template <int LH> struct WalkLoader {
     }
 };
 
-template <int LH>
-__global__ void __launch_bounds__(kThreads, 4) prologue_walk(const __grid_constant__ PrologueArgs a)
+/* OPT: the kOpt* bits; compiled for them, the grid needs more registers (3 CTAs per SM). */
+template <int LH, int OPT = 0>
+__global__ void __launch_bounds__(kThreads, OPT ? 3 : 4) prologue_walk(const __grid_constant__ PrologueArgs a)
 {
     constexpr int D = LH * 16;
     constexpr unsigned kAll = 0xffffffffu;
+    constexpr bool cs = (OPT & kOptStreamStores) != 0;
+    const Modes<OPT> m(a);
     if ((int)blockIdx.x >= a.main_ctas) {
         zero_tail(a, (int)blockIdx.x - a.main_ctas);
         return;
@@ -801,39 +844,39 @@ __global__ void __launch_bounds__(kThreads, 4) prologue_walk(const __grid_consta
             ld.advance(a, grp, j);
 
             if (h < a.hq) {
-                walk_qk_math<LH>(a, x, a.q_norm_weight, cs_row, j);
+                walk_qk_math<LH>(a, m, x, a.q_norm_weight, cs_row, j);
                 const long long qrow = (long long)(qbase + h) * D + 8 * j;
-                if (a.q_fp8) {
+                if (m.q_fp8) {
                     const float scale = dynamic_scale<LH>(x, kAll);
                     const float inv = __frcp_rn(scale);
                     const uint2 lo = pack8_fp8(x, inv), hi = pack8_fp8(x + 8, inv);
                     if (valid) {
                         uint8_t *dst = static_cast<uint8_t *>(a.q_out) + qrow;
-                        *reinterpret_cast<uint2 *>(dst) = lo;
-                        *reinterpret_cast<uint2 *>(dst + D / 2) = hi;
+                        put<cs>(dst, lo);
+                        put<cs>(dst + D / 2, hi);
                         if (j == 0)
                             a.q_scale_out[qbase + h] = scale;
                     }
                 } else if (valid) {
                     uint16_t *dst = static_cast<uint16_t *>(a.q_out) + qrow;
-                    *reinterpret_cast<uint4 *>(dst) = pack8_bf16(x);
-                    *reinterpret_cast<uint4 *>(dst + D / 2) = pack8_bf16(x + 8);
+                    put<cs>(dst, pack8_bf16(x));
+                    put<cs>(dst + D / 2, pack8_bf16(x + 8));
                 }
             } else {
                 const bool is_v = h >= qk_heads;
                 const int kvh = h - (is_v ? qk_heads : a.hq);
                 if (!is_v)
-                    walk_qk_math<LH>(a, x, a.k_norm_weight, cs_row, j);
+                    walk_qk_math<LH>(a, m, x, a.k_norm_weight, cs_row, j);
                 uint8_t *kvrow = page + (is_v ? a.v_offset : 0) + (long long)off * a.token_stride;
-                if (!a.kv_fp8) {
+                if (!m.kv_fp8) {
                     if (kv_ok) {
                         uint16_t *dst = reinterpret_cast<uint16_t *>(kvrow) + kvh * D + 8 * j;
-                        *reinterpret_cast<uint4 *>(dst) = pack8_bf16(x);
-                        *reinterpret_cast<uint4 *>(dst + D / 2) = pack8_bf16(x + 8);
+                        put<cs>(dst, pack8_bf16(x));
+                        put<cs>(dst + D / 2, pack8_bf16(x + 8));
                     }
                 } else {
                     float inv;
-                    if (!a.per_token_head) {
+                    if (!m.per_token_head) {
                         inv = is_v ? a.inv_v_scale : a.inv_k_scale;
                     } else if (is_v) {
                         inv = __frcp_rn(__ldg(a.v_head_scales + kvh));
@@ -847,8 +890,8 @@ __global__ void __launch_bounds__(kThreads, 4) prologue_walk(const __grid_consta
                     const uint2 lo = pack8_fp8(x, inv), hi = pack8_fp8(x + 8, inv);
                     if (kv_ok) {
                         uint8_t *dst = kvrow + kvh * D + 8 * j;
-                        *reinterpret_cast<uint2 *>(dst) = lo;
-                        *reinterpret_cast<uint2 *>(dst + D / 2) = hi;
+                        put<cs>(dst, lo);
+                        put<cs>(dst + D / 2, hi);
                     }
                 }
             }
@@ -928,11 +971,20 @@ int launch_resident(PrologueArgs &a, cudaStream_t stream, grid_fn uni_kernel, gr
     return TKVK_OK;
 }
 
-/* PF > 0: the prefetching persistent grid (prefetch PF items on). */
-template <int LH, int PF = 0> int launch_persistent(PrologueArgs &a, cudaStream_t stream)
+/* PF > 0: the prefetching persistent grid (prefetch PF items on); OPT: the kOpt* bits. */
+template <int LH, int PF = 0, int OPT = 0> int launch_persistent(PrologueArgs &a, cudaStream_t stream)
 {
-    return launch_resident<LH>(a, stream, prologue_persistent<LH, true, PF>,
-                               prologue_persistent<LH, false, PF>, PF);
+    return launch_resident<LH>(a, stream, prologue_persistent<LH, true, PF, OPT>,
+                               prologue_persistent<LH, false, PF, OPT>, PF);
+}
+
+/* The persistent grid with streaming stores, compiled for the fixed mode where the call's modes
+ * are those. */
+template <int LH> int launch_persistent_fixed(PrologueArgs &a, cudaStream_t stream)
+{
+    if (fixed_mode(a))
+        return launch_persistent<LH, 0, kOptStreamStores | kOptFixedMode>(a, stream);
+    return launch_persistent<LH, 0, kOptStreamStores>(a, stream);
 }
 
 template <int LH> int launch_ring(PrologueArgs &a, cudaStream_t stream)
@@ -940,7 +992,7 @@ template <int LH> int launch_ring(PrologueArgs &a, cudaStream_t stream)
     return launch_resident<LH>(a, stream, prologue_ring<LH, true>, prologue_ring<LH, false>, 2);
 }
 
-template <int LH> int launch_walk(PrologueArgs &a, cudaStream_t stream)
+template <int LH, int OPT = 0> int launch_walk(PrologueArgs &a, cudaStream_t stream)
 {
     constexpr int G = 32 / LH;
     if ((long long)a.max_pos * (LH * 8) > 0x7fffffffLL) /* rope_walk's 32-bit table offsets */
@@ -948,14 +1000,15 @@ template <int LH> int launch_walk(PrologueArgs &a, cudaStream_t stream)
     int dev = 0, sms = 0, per_sm = 0;
     TKVK_CUDA_TRY(cudaGetDevice(&dev));
     TKVK_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    TKVK_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, prologue_walk<LH>,
+    TKVK_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, prologue_walk<LH, OPT>,
                                                                 kThreads, 0));
     const long long resident = (long long)sms * std::max(per_sm, 1) * kWarpsPerCta;
     const long long tiles = ((long long)a.num_tokens + G - 1) / G;
     a.rounds = a.heads;
     /* Split a tile's rounds into segments only when there are fewer than two tiles per
      * resident warp (calls of a few thousand tokens): every warp gets work, at the price of
-     * one more position/slot fetch per segment. */
+     * one more position/slot fetch per segment. Splitting more, to even out the warps' last
+     * wave of units, measured slower (docs/perf.md). */
     long long nseg = tiles > 0 ? (2 * resident + tiles - 1) / tiles : 1;
     nseg = std::max(1LL, std::min<long long>(nseg, a.rounds));
     a.seg_rounds = (int)((a.rounds + nseg - 1) / nseg);
@@ -972,24 +1025,33 @@ template <int LH> int launch_walk(PrologueArgs &a, cudaStream_t stream)
     unsigned grid = (unsigned)(ctas + a.num_reqs);
     if (grid == 0)
         return TKVK_OK;
-    prologue_walk<LH><<<grid, kThreads, 0, stream>>>(a);
+    prologue_walk<LH, OPT><<<grid, kThreads, 0, stream>>>(a);
     TKVK_CUDA_TRY(cudaGetLastError());
     return TKVK_OK;
 }
 
+/* The walk grid with streaming stores, compiled for the fixed mode where the call's modes are
+ * those (3 CTAs per SM). */
+template <int LH> int launch_walk_fixed(PrologueArgs &a, cudaStream_t stream)
+{
+    if (fixed_mode(a))
+        return launch_walk<LH, kOptStreamStores | kOptFixedMode>(a, stream);
+    return launch_walk<LH>(a, stream);
+}
+
 /* The default choice, from measurements on an H200 (docs/perf.md): below kGridItems items
  * (decode sizes) one item per group in one pass: pure latency, the grids are no faster. Above
- * it the persistent grid; but when the warps would mix head kinds (Hq or Hkv not a multiple
- * of the groups per warp, as 8/1) and the call has kWalkItems items or more, the walk grid
- * (8/1 heads, 65536 tokens: 84 us against 92 for the persistent grid; at 16384 tokens the
- * persistent grid is still ahead, 26.8 us against 29.3). */
+ * it, compiled for the fixed mode with streaming stores where the call's modes are those: the
+ * persistent grid (64/8 heads, 65536 tokens: 559-563 us against 624-626 for the plain
+ * persistent grid); but when the warps would mix head kinds (Hq or Hkv not a multiple of the
+ * groups per warp, as 8/1), the walk grid (8/1 heads, 65536 tokens: 78 us against 88 for the
+ * fixed persistent grid and 83 for the plain walk grid; 16384 tokens: 24.9 against 26.0). */
 constexpr int kGridItems = 150000;
-constexpr int kWalkItems = 400000;
 
 /* items_per_group: 0 = chosen here; 1, 2 or 4 = that many items per group in one pass;
  * 8 = the persistent grid; 16 = the walk grid; 32 = the ring grid (two items of input in
- * flight per group); 64 = the persistent grid prefetching into L2 kPrefetchAhead items on (the
- * benchmark compares them all). */
+ * flight per group); 64 = the persistent grid prefetching into L2 kPrefetchAhead items on;
+ * 128 = launch_persistent_fixed (the benchmark compares them all). */
 template <int LH> int launch_d(PrologueArgs &a, cudaStream_t stream, int items_per_group)
 {
     constexpr int G = 32 / LH;
@@ -997,9 +1059,9 @@ template <int LH> int launch_d(PrologueArgs &a, cudaStream_t stream, int items_p
     case 0:
         if (a.num_items < kGridItems)
             return launch<LH, 1>(a, stream);
-        if ((a.hq % G == 0 && a.hkv % G == 0) || a.num_items < kWalkItems)
-            return launch_persistent<LH>(a, stream);
-        return launch_walk<LH>(a, stream);
+        if (a.hq % G == 0 && a.hkv % G == 0)
+            return launch_persistent_fixed<LH>(a, stream);
+        return launch_walk_fixed<LH>(a, stream);
     case 1: return launch<LH, 1>(a, stream);
     case 2: return launch<LH, 2>(a, stream);
     case 4: return launch<LH, 4>(a, stream);
@@ -1007,9 +1069,11 @@ template <int LH> int launch_d(PrologueArgs &a, cudaStream_t stream, int items_p
     case 16: return launch_walk<LH>(a, stream);
     case 32: return launch_ring<LH>(a, stream);
     case 64: return launch_persistent<LH, kPrefetchAhead>(a, stream);
+    case 128: return launch_persistent_fixed<LH>(a, stream);
+    case 256: return launch_walk_fixed<LH>(a, stream);
     default:
         return tkvk__fail(TKVK_EINVAL, "tkvk_prologue_cuda: items per group %d (1, 2, 4, 8, 16, "
-                          "32 or 64)", items_per_group);
+                          "32, 64, 128 or 256)", items_per_group);
     }
 }
 

@@ -29,8 +29,9 @@ int tkvk__prologue_check(const tkvk_prologue_params *p, const char *fn);
 /* tkvk_prologue_cuda() with the kernel variant forced: 1, 2 or 4 items per lane group in one
  * pass, 8 = the persistent grid, 16 = the walk grid, 32 = the ring grid (the persistent grid
  * with two items of input in flight per group), 64 = the persistent grid prefetching its input
- * into L2 a few items ahead, 0 = its own choice (what tkvk_prologue_cuda() does), for the
- * benchmark's comparison of the variants. Built with CUDA only. */
+ * into L2 a few items ahead, 128 = the persistent grid with streaming stores, compiled for the
+ * fixed mode where the call's modes are those, 0 = its own choice (what tkvk_prologue_cuda()
+ * does), for the benchmark's comparison of the variants. Built with CUDA only. */
 int tkvk__prologue_cuda_tuned(const tkvk_prologue_params *p, void *stream, int items_per_warp);
 
 #ifdef __cplusplus

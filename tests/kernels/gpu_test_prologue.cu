@@ -421,14 +421,15 @@ int main(int argc, char **argv)
     failures += t.failed != 0;
 
     /* Prefill-sized calls: every variant of the kernel (1, 2, 4 items per group, the persistent
-     * grid, the walk grid, the ring grid, the prefetching persistent grid), the default choice
+     * grid, the walk grid, the ring grid, the prefetching persistent grid, the fixed-mode
+     * persistent grid), the default choice
      * included; the grids also on head counts that are not multiples of the groups per warp
      * (8/1, 6/2: warps that would mix head kinds, a partial last tile of the walk at head dim
      * 64), on every page size. */
     tally big = {};
-    const int variants[8] = {0, 1, 2, 4, 8, 16, 32, 64};
+    const int variants[9] = {0, 1, 2, 4, 8, 16, 32, 64, 128};
     for (int di = 0; di < 3; di++)
-        for (int v = 0; v < 8; v++)
+        for (int v = 0; v < 9; v++)
             for (int kv = 0; kv < 3; kv++) {
                 cfg c = {dims[di], 64, 32, 8, (v + kv) & 1, (v + di) % 3, (kv + di + v) & 1, kv,
                          (v + di) & 1, 1140};
@@ -444,7 +445,20 @@ int main(int argc, char **argv)
                 run_config(&b, &c, 16, &big, 1);
                 run_config(&b, &c, 32, &big, 1);
                 run_config(&b, &c, 64, &big, 1);
+                run_config(&b, &c, 128, &big, 1);
             }
+    /* The fixed mode (norm before RoPE, NeoX, no Hadamard, FP8 Q, per-tensor FP8 K/V: the
+     * persistent grid compiled for it, variant 128 and the default) on every head dim, with
+     * warps of one head kind (32/8) and mixed (8/1, 30/6). */
+    const int fixed_hq[3] = {32, 8, 30}, fixed_hkv[3] = {8, 1, 6};
+    for (int di = 0; di < 3; di++)
+        for (int s = 0; s < 3; s++) {
+            cfg c = {dims[di], 32 << s, fixed_hq[s], fixed_hkv[s], TKVK_ROPE_NEOX,
+                     TKVK_NORM_BEFORE_ROPE, 0, 0, TKVK_DTYPE_FP8_E4M3, 1140};
+            run_config(&b, &c, 128, &big, 1);
+            run_config(&b, &c, 256, &big, 1);
+            run_config(&b, &c, 0, &big, 1);
+        }
     /* The ring and prefetching grids where the warps mix head kinds over several items per
      * group: 30/6 heads (42 per token) at 1140 tokens are some 48000 items, several times a
      * resident grid's stride (a ring refill needs 2 strides, a prefetch 3: at head dim 256
