@@ -16,10 +16,10 @@
  * of tokens head by head, for head counts where the persistent grid's warps would mix head
  * kinds; two deeper forms of the persistent grid, forced through tkvk__prologue_cuda_tuned()
  * only: a ring grid with two items of input in flight per group in registers, and a grid that
- * prefetches its input into L2 a few items ahead. The persistent grid also comes compiled for
- * one fixed set of modes with streaming stores (kOptFixedMode). The launcher picks by size and
- * shape (see launch_d). The tail zero-fill runs in extra CTAs after the token CTAs, one per
- * request.
+ * prefetches its input into L2 a few items ahead. The persistent and walk grids also come
+ * compiled for one fixed set of modes with streaming stores (kOptFixedMode). The launcher
+ * picks by size and shape (see launch_d). The tail zero-fill runs in extra CTAs after the token
+ * CTAs, one per request.
  *
  * Arithmetic: exactly the header's sequence, with __fmul_rn/__fadd_rn/__fsub_rn/__frcp_rn/
  * __fsqrt_rn so nvcc cannot contract or approximate anything (1/x as __frcp_rn: the same
@@ -276,10 +276,10 @@ __device__ void zero_tail(const PrologueArgs &a, int r)
     }
 }
 
-/* Options of the persistent grid (OPT bits): streaming stores (put()); the fixed mode: the
- * call's modes are the anchor's (norm before RoPE, NeoX, no Hadamard, FP8 Q, FP8 K/V with
- * per-tensor scales) and known at compile time, so no per-item test of a mode flag (each a
- * constant load, a compare and a branch; together a tenth of the instructions). */
+/* Options of the persistent and walk grids (OPT bits): streaming stores (put()); the fixed
+ * mode: the call's modes are the anchor's (norm before RoPE, NeoX, no Hadamard, FP8 Q, FP8 K/V
+ * with per-tensor scales) and known at compile time, so no per-item test of a mode flag (each
+ * a constant load, a compare and a branch; together a tenth of the instructions). */
 constexpr int kOptStreamStores = 1, kOptFixedMode = 2;
 
 /* The call's modes: compile-time constants under kOptFixedMode, else read from a. */
