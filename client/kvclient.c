@@ -76,18 +76,6 @@ const char *kvc_strerror(int status)
 
 const char *kvc_last_error(void) { return tls_err; }
 
-__attribute__((format(printf, 2, 3))) static int fail(int code, const char *fmt, ...)
-{
-    int n = snprintf(tls_err, sizeof(tls_err), "%s: ", kvc_strerror(code));
-    if (n < 0 || (size_t)n >= sizeof(tls_err))
-        return code;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(tls_err + n, sizeof(tls_err) - (size_t)n, fmt, ap);
-    va_end(ap);
-    return code;
-}
-
 int tkv_kvc_fail(int code, const char *fmt, ...)
 {
     int n = snprintf(tls_err, sizeof(tls_err), "%s: ", kvc_strerror(code));
@@ -99,6 +87,9 @@ int tkv_kvc_fail(int code, const char *fmt, ...)
     va_end(ap);
     return code;
 }
+
+/* This file's calls use the short name. */
+#define fail tkv_kvc_fail
 
 const char *kvc_tier_name(int tier)
 {
