@@ -31,6 +31,21 @@
  *      conversations: the last blocks of a put are never hit (the next turn re-sends the
  *      prompt with its last, partial block completed), so they are stripped from first turns
  *      that are still waiting for their next turn, before those lose live blocks.
+ *   5. Ghost history (where the manager gives key fingerprints, tkv_policy_entry.key_fp): the
+ *      fingerprints of blocks that left the tier (not dead ones) or were refused by rule 3 are
+ *      remembered, with their hit count, in a set-associative table of kGhostPerCapacity
+ *      entries per cached block, oldest replaced first in each set. A block that enters and
+ *      is found there was looked up again: a miss that the tier's history makes a hit in all
+ *      but name, so it enters with its remembered hits + 1 (rule 1's earned life). Rule 3
+ *      judges a put whose first block is found there ("returning") by what returning blocks
+ *      have earned per tick since their return (learned like rule 3's newcomer density)
+ *      instead of by what new probation blocks earn. On conversations: a turn whose previous
+ *      turn left the tier (the turn gap is longer than a small tier's horizon) is a returning
+ *      conversation, not a new first turn: its prefix is kept for the next turn, and it is
+ *      admitted where returning conversations are learned to be worth more than the first
+ *      turns rule 3 holds. Where returning blocks earn nothing (a workload whose second turns
+ *      are its last) they are refused like first turns. Without fingerprints (key_fp == 0)
+ *      the rule is off and the table is never allocated.
  *
  * Time is the policy's own logical clock, one tick per inserted() or accessed() call (per block
  * that entered or was hit in this tier), so parameters are fractions of the tier's turnover and
@@ -48,12 +63,13 @@
  * hot end; the rare re-placement walks at most kMaxWalk entries from the nearer end); victim()
  * compares the cold ends of the NUM_NH + kMaxLevel tail lists, twice at most; marking a dead
  * branch is paid once per block, and so is classing a put's blocks when it ends; the learned
- * profiles are (1 + NUM_NH) * NB_AGE counters refreshed every half bucket of ticks.
+ * profiles are (1 + NUM_NH) * NB_AGE counters refreshed every half bucket of ticks; a ghost
+ * look-up or insertion scans and shifts one set of GHOST_WAYS words.
  *
  * Entry fields owned here:
  *   p_u64[0]  last access tick (for a never-hit block: its insertion tick, so its age)
- *   p_u64[1]  list index (bits 0-7) | F_DEAD | F_CONT | rule 4's end bucket (bits 11-14)
- *             | hits << 16
+ *   p_u64[1]  list index (bits 0-7) | F_DEAD | F_CONT | F_RET | rule 4's end bucket (bits
+ *             11-14) | hits << 16
  *   p_u64[2]  the newest child inserted under this entry (a tkv_policy_entry *), or 0
  */
 #include "tkv_policy.h"
@@ -87,6 +103,16 @@ enum { NB_END = 16, END_PENDING = NB_END - 1, NUM_NH = 2 * NB_END };
 static const double kConfidence = 3.0;
 _Static_assert(NUM_NH <= 32, "never-hit classes are a 32-bit mask");
 
+/* Rule 5: ghost entries per cached block. The turn gap of a conversation is several fills of a
+ * small tier (docs/design.md); the table remembers about the last kGhostPerCapacity fills of
+ * blocks that left (each set forgets its oldest). One word per entry: the fingerprint's high
+ * 56 bits | GM_VALID | the remembered hits (capped at GM_HITS). */
+static const double kGhostPerCapacity = 4.0;
+enum { GHOST_WAYS = 8 };
+#define GM_HITS 0x7full
+#define GM_VALID 0x80ull
+#define GM_META 0xffull
+
 /* Levels: 0 = never hit, chain never continued (probation); 1 = never hit, in a continued
  * chain; 1 + h = hit h times (h = 1..kMaxLevel). */
 enum { LEVEL_PROBATION = 0, LEVEL_CONTINUED = 1 };
@@ -102,6 +128,7 @@ enum { LEVEL_PROBATION = 0, LEVEL_CONTINUED = 1 };
 #define F_LIST_MASK 0xffull
 #define F_DEAD 0x100ull
 #define F_CONT 0x200ull /* in a chain that a later request continued from a hit block */
+#define F_RET 0x400ull  /* rule 5: came back from the ghost history, not hit or removed since */
 #define F_END_SHIFT 11   /* bits 11..14: rule 4's distance-from-end bucket */
 #define F_END_MASK (0xfull << F_END_SHIFT)
 #define HITS_SHIFT 16
@@ -119,6 +146,9 @@ typedef struct tierkv_state {
     double inv_bucket; /* 1 / bucket_ticks */
     double hit_at[NB_AGE], exit_at[NB_AGE], hit_sum, life_sum;
     double future[NB_AGE], density;
+    /* rule 5: the same density for blocks that came back from the ghost history (from their
+     * return to their next hit or removal) */
+    double ret_hit_sum, ret_life_sum, ret_density;
     /* rule 4: the same counts per class of never-hit blocks, refreshed by learn() into a
      * confidence interval [nh_lo, nh_hi] of the rest-of-stay rate */
     double nh_hit[NUM_NH][NB_AGE], nh_exit[NUM_NH][NB_AGE];
@@ -131,6 +161,10 @@ typedef struct tierkv_state {
     tkv_policy_entry *run_last;
     uint64_t run_len;
     uint64_t count;             /* entries in the tier (inserted, not yet removed) */
+    /* rule 5: ghost_sets sets of GHOST_WAYS words (0 = empty; way 0 the newest), allocated at
+     * the first block that has a fingerprint */
+    uint64_t *ghost;
+    uint64_t ghost_sets;
     uint64_t admit_now;         /* now_ns of the put being judged, and its verdict */
     bool admit_valid, admit_verdict;
     /* sentinels: next = hottest, prev = coldest; the layout is at LIST_TAIL_HIT above */
@@ -345,6 +379,18 @@ static void record_exit(tierkv_state *st, const tkv_policy_entry *e, bool hit)
     }
 }
 
+/* Rule 5: a block that came back from the ghost history is hit or leaves: its stay since
+ * it came back counts toward what returning blocks earn per tick. */
+static void record_return_exit(tierkv_state *st, tkv_policy_entry *e, bool hit)
+{
+    if (!(e->p_u64[1] & F_RET))
+        return;
+    e->p_u64[1] &= ~F_RET;
+    st->ret_life_sum += (double)(st->tick > tick_of(e) ? st->tick - tick_of(e) : 0);
+    if (hit)
+        st->ret_hit_sum += 1;
+}
+
 /* Every half bucket of ticks, LHD-style hit density by age: future[b] = hits at ages from
  * bucket b on, per tick that probation blocks spent at those ages (one that went past a bucket
  * spent all of it there, one that left in it half of it on average), i.e. what a block that has
@@ -367,6 +413,7 @@ static void learn(tierkv_state *st)
         past += st->exit_at[b];
     }
     st->density = st->life_sum > 0 ? st->hit_sum / st->life_sum : 0;
+    st->ret_density = st->ret_life_sum > 0 ? st->ret_hit_sum / st->ret_life_sum : st->density;
     /* rule 4: the same per class, kept as a confidence interval: with h hits in t ticks,
      * (h -+ kConfidence * sqrt(h + 1)) / t; a class with no ticks yet is unknown: [0, inf],
      * as create() left it */
@@ -390,6 +437,8 @@ static void learn(tierkv_state *st)
     }
     st->hit_sum *= 1 - kDecay;
     st->life_sum *= 1 - kDecay;
+    st->ret_hit_sum *= 1 - kDecay;
+    st->ret_life_sum *= 1 - kDecay;
 }
 
 /* Rule 4: the put being inserted is complete (a lookup came, a block entered that does not
@@ -408,6 +457,55 @@ static void finish_run(tierkv_state *st)
     }
     st->run_last = NULL;
     st->run_len = 0;
+}
+
+/* ---- ghost history (rule 5) ---------------------------------------------------------------- */
+
+static uint64_t *ghost_set(const tierkv_state *st, uint64_t fp)
+{
+    /* the set from the low 32 bits, the tag from the high 56: both from a uniform hash */
+    return st->ghost + (((fp & 0xffffffffull) * st->ghost_sets) >> 32) * GHOST_WAYS;
+}
+
+/* 1 + the remembered hits of the block with fingerprint fp, or 0 if it is not remembered;
+ * take: forget it (it is back in the tier). */
+static uint64_t ghost_find(tierkv_state *st, uint64_t fp, bool take)
+{
+    if (!st->ghost || !fp)
+        return 0;
+    uint64_t *w = ghost_set(st, fp), tag = (fp & ~GM_META) | GM_VALID;
+    for (int i = 0; i < GHOST_WAYS; i++) {
+        if ((w[i] & ~GM_HITS) == tag) {
+            uint64_t hits = w[i] & GM_HITS;
+            if (take) {
+                for (int j = i; j < GHOST_WAYS - 1; j++)
+                    w[j] = w[j + 1];
+                w[GHOST_WAYS - 1] = 0;
+            }
+            return hits + 1;
+        }
+    }
+    return 0;
+}
+
+/* Remembers a block that left the tier or was refused, as the newest of its set (the oldest
+ * of the set is forgotten); a block remembered already keeps the higher hit count. */
+static void ghost_remember(tierkv_state *st, uint64_t fp, uint64_t hits)
+{
+    if (!fp)
+        return;
+    if (!st->ghost) {
+        uint64_t entries = (uint64_t)((double)st->capacity * kGhostPerCapacity);
+        st->ghost_sets = entries / GHOST_WAYS ? entries / GHOST_WAYS : 1;
+        st->ghost = tkv_xcalloc(st->ghost_sets * GHOST_WAYS, sizeof(uint64_t));
+    }
+    uint64_t old = ghost_find(st, fp, true);
+    if (old > hits + 1)
+        hits = old - 1;
+    uint64_t *w = ghost_set(st, fp);
+    for (int j = GHOST_WAYS - 1; j > 0; j--)
+        w[j] = w[j - 1];
+    w[0] = (fp & ~GM_META) | GM_VALID | (hits < GM_HITS ? hits : GM_HITS);
 }
 
 /* ---- ops ---------------------------------------------------------------------------------- */
@@ -433,11 +531,17 @@ static void *tierkv_create(uint64_t capacity)
     return st;
 }
 
-static void tierkv_destroy(void *state) { free(state); }
+static void tierkv_destroy(void *state)
+{
+    tierkv_state *st = state;
+    free(st->ghost);
+    free(st);
+}
 
 /* Rule 3's test: would the oldest probation tail, held for the rest of its stay, earn more
- * per tick than a newcomer? */
-static bool hold_old(const tierkv_state *st)
+ * per tick than a newcomer that earns `density` (a new probation block's, or with rule 5 a
+ * returning block's)? */
+static bool hold_old(const tierkv_state *st, double density)
 {
     const tkv_policy_entry *oldest = NULL;
     /* the probation classes: not continued */
@@ -449,7 +553,7 @@ static bool hold_old(const tierkv_state *st)
     if (!oldest)
         return false;
     uint64_t age = st->tick > tick_of(oldest) ? st->tick - tick_of(oldest) : 0;
-    return st->future[age_bucket(st, age)] > st->density;
+    return st->future[age_bucket(st, age)] > density;
 }
 
 /* Rule 3. A put is judged as a whole, by its first missing block: the store asks admit() for
@@ -471,7 +575,10 @@ static bool tierkv_admit(void *state, const tkv_policy_entry *e, uint64_t now_ns
          * continued before, is not probation */
         const tkv_policy_entry *p = e->parent;
         bool continues = p && (is_continued(p) || (hits_of(p) > 0 && p->num_children <= 1));
-        verdict = continues || !hold_old(st);
+        /* rule 5: a block seen before comes back (a conversation whose turn left the tier):
+         * judged by what returning blocks earn */
+        bool back = ghost_find(st, e->key_fp, false) != 0;
+        verdict = continues || !hold_old(st, back ? st->ret_density : st->density);
     }
     st->admit_valid = true;
     st->admit_now = now_ns;
@@ -481,6 +588,7 @@ done:
      * while newcomers are refused, or the held blocks would never age out of it (with no hits
      * and no inserts the verdict could never change). */
     if (!verdict) {
+        ghost_remember(st, e->key_fp, 0); /* rule 5: a returning block if it comes back */
         st->tick++;
         learn(st);
     }
@@ -513,6 +621,13 @@ static void tierkv_inserted(void *state, tkv_policy_entry *e, uint64_t now_ns)
         if (is_continued(p) || (hits_of(p) > 0 && p->num_children <= 2))
             e->p_u64[1] |= F_CONT;
     }
+    /* rule 5: a block that was here (or was refused) comes back: looked up again, so hit once
+     * more than it was when it left; F_RET until its next hit or removal (ret_density) */
+    uint64_t back = ghost_find(st, e->key_fp, true);
+    if (back) {
+        set_hits(e, back);
+        e->p_u64[1] |= F_RET;
+    }
     set_end_bucket(e, END_PENDING); /* until finish_run() knows its distance from the end */
     set_list(e, list_of(e));
     push_hot(st, e);
@@ -527,6 +642,7 @@ static void tierkv_accessed(void *state, tkv_policy_entry *e, uint64_t now_ns)
     if (is_probation(e))
         record_exit(st, e, true);
     record_class_exit(st, e, true);
+    record_return_exit(st, e, true);
     e->p_u64[0] = ++st->tick;
     e->p_u64[1] &= ~F_DEAD; /* hit after all: alive */
     set_hits(e, hits_of(e) + 1);
@@ -544,6 +660,9 @@ static void tierkv_removed(void *state, tkv_policy_entry *e)
     if (is_probation(e))
         record_exit(st, e, false);
     record_class_exit(st, e, false);
+    record_return_exit(st, e, false);
+    if (!is_dead(e)) /* rule 5 (a dead block's contents do not come back) */
+        ghost_remember(st, e->key_fp, hits_of(e));
     st->count--;
     tkv_plist_unlink(e);
     if (e->parent && newest_child(e->parent) == e)

@@ -28,6 +28,10 @@ typedef struct tkv_policy_entry {
     uint32_t num_children;           /* cached children of this block in this tier */
     uint32_t pinned;                 /* leases holding it; never evict while nonzero */
     uint32_t flags;                  /* reserved for the manager */
+    uint64_t key_fp;                 /* a 64-bit fingerprint of the block's key (the same for
+                                      * the same block every time it is offered), or 0 where
+                                      * the manager does not give one; set in admit()'s probe
+                                      * too */
     /* ---- owned by the policy ---- */
     struct tkv_policy_entry *prev, *next;
     uint64_t p_u64[3];

@@ -3,6 +3,8 @@
  *   - victim() never returns a pinned entry, and returns NULL only when all are pinned;
  *   - victim() returns an entry with cached children only when no unpinned tail exists;
  *   - a manager evicting victim() until it fits never exceeds the capacity.
+ * The manager gives every block a key fingerprint (tkv_policy_entry.key_fp), the same each
+ * time the block enters, so policies that remember departed blocks are exercised too.
  * Plus LRU's own order. */
 #include <check.h>
 #include <stdio.h>
@@ -34,6 +36,7 @@ static bool h_insert(harness *h, int i)
 {
     node *x = &h->nodes[i];
     memset(&x->pe, 0, sizeof(x->pe));
+    x->pe.key_fp = ((uint64_t)i + 1) * 0x9e3779b97f4a7c15ull | 1;
     int p = x->parent;
     x->pe.parent = p >= 0 && h->nodes[p].present ? &h->nodes[p].pe : NULL;
     x->pe.depth = p >= 0 ? h->nodes[p].pe.depth + 1 : 0;
@@ -237,7 +240,11 @@ START_TEST(contract_capacity)
     const tkv_policy_ops *ops = tkv_policy_all()[_i];
     const uint64_t cap = 16;
     harness *h = h_new(ops, 400, cap, 11);
-    for (int i = 0; i < h->n; i++) {
+    /* two passes: in the second, blocks evicted in the first come back */
+    for (int k = 0; k < 2 * h->n; k++) {
+        int i = k % h->n;
+        if (h->nodes[i].present)
+            continue;
         h_insert(h, i);
         while (h->count > cap) {
             int v = checked_victim(h);
