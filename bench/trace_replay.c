@@ -1,7 +1,7 @@
 /* trace_replay - replays a Mooncake-format trace through the cache and reports prefix hit rates.
  *
  *   trace_replay --trace FILE --capacity N[,N...] [--policy lru,tierkv,oracle] [--json]
- *                [--block-tokens P] [--fast [--key-fp]] [--speedup X] [--requests M]
+ *                [--block-tokens P] [--fast] [--speedup X] [--requests M]
  *
  * Trace format (JSONL, one request a line): {"timestamp": ms, "input_length": tokens,
  * "output_length": tokens, "hash_ids": [id, ...]}, one id per 512-token trace block; equal ids
@@ -22,9 +22,10 @@
  *            SHA-256 chains (tkv_key_chain) of token contents derived from the ids;
  *   --fast   a minimal tier manager in this file driving the registered tkv_policy_ops directly,
  *            512 / P entries per trace block, as the store (faithful to the policy contract
- *            and to the store's granularity; no keys, no payloads); with --key-fp it also
- *            fills tkv_policy_entry.key_fp (a hash of the entry's identity), which the store
- *            does not do yet, to measure a policy's ghost history;
+ *            and to the store's granularity; no payloads). It gives the policies the key
+ *            fingerprints the store gives (tkv_policy_entry.key_fp: the first 8 bytes of the
+ *            block's SHA-256 chain key, | 1), so it hashes the trace's tokens once as the
+ *            default mode does;
  *   oracle   always simulated (it needs the future): Belady, evicting the cached block whose
  *            next use is farthest away (never = farthest; ties: deepest first, so a chain is
  *            evicted from its tail, the prefix rule the store applies).
@@ -511,8 +512,18 @@ static int64_t sim_parent(const trace *t, uint64_t e, uint32_t per)
     return ip >= 0 ? ip * (int64_t)per + per - 1 : -1;
 }
 
+/* The store's key fingerprint of a block (storage/store.c, key_fp_of): never 0. */
+static uint64_t sim_key_fp(const tkv_key *k)
+{
+    uint64_t fp;
+    memcpy(&fp, k->b, sizeof(fp));
+    return fp | 1;
+}
+
+/* node_keys: every cache entry's key (replay_keys_build), for the store's key fingerprints. */
 static int run_sim(const trace *t, const tkv_policy_ops *ops, uint64_t trace_capacity,
-                   uint32_t block_tokens, double speedup, bool key_fp, result *res)
+                   uint32_t block_tokens, double speedup, const tkv_key *node_keys,
+                   result *res)
 {
     const uint32_t per = kTraceBlockTokens / block_tokens;
     const uint64_t capacity = trace_capacity * per;
@@ -577,8 +588,7 @@ static int run_sim(const trace *t, const tkv_policy_ops *ops, uint64_t trace_cap
                  * before in this chunk), else 0 */
                 int64_t ip = sim_parent(t, nd[j], per);
                 n->pe = (tkv_policy_entry){0};
-                if (key_fp) /* the block's identity (never 0), as a store that gives keys */
-                    n->pe.key_fp = mix64(nd[j] + 1) | 1;
+                n->pe.key_fp = sim_key_fp(&node_keys[nd[j]]); /* as the store's probe */
                 if (ip >= 0 && nodes[ip].present)
                     n->pe.parent = &nodes[ip].pe;
                 if (ip >= 0 && (nodes[ip].present || (j > off && admitted[j - 1 - off])))
@@ -998,7 +1008,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: trace_replay --trace FILE --capacity N[,N...] [--policy P[,P...]] [--json]\n"
-            "                    [--block-tokens 16|32|64|128] [--fast [--key-fp]] [--speedup X]\n"
+            "                    [--block-tokens 16|32|64|128] [--fast] [--speedup X]\n"
             "                    [--requests M]\n"
             "       trace_replay --trace FILE --daemon SOCKET [--json] [--speedup X]\n"
             "  --capacity   cache sizes in 512-token trace blocks\n"
@@ -1007,9 +1017,8 @@ static void usage(FILE *f)
         fprintf(f, ", %s", (*p)->name);
     fprintf(f, " (default: lru,tierkv,oracle)\n"
                "  --fast       drive the policies directly (512/P entries per trace block) instead\n"
-               "               of through the storage engine\n"
-               "  --key-fp     with --fast: give the policies each block's key fingerprint\n"
-               "               (tkv_policy_entry.key_fp; the store does not fill it yet)\n"
+               "               of through the storage engine (the store's calls and key\n"
+               "               fingerprints, no payloads)\n"
                "  --speedup X  sleep the trace's inter-arrival gaps divided by X\n"
                "  --requests M replay only the first M requests\n"
                "  --daemon S   replay through the tierkvd listening on UNIX socket S (its own\n"
@@ -1037,7 +1046,7 @@ int main(int argc, char **argv)
 {
     const char *trace_path = NULL, *policies = "lru,tierkv,oracle", *daemon_socket = NULL;
     const char *caps_arg = NULL;
-    bool json = false, fast = false, key_fp = false;
+    bool json = false, fast = false;
     uint64_t block_tokens = 128, max_reqs = 0;
     double speedup = 0;
     int rc = 1;
@@ -1053,8 +1062,6 @@ int main(int argc, char **argv)
             json = true;
         } else if (strcmp(a, "--fast") == 0) {
             fast = true;
-        } else if (strcmp(a, "--key-fp") == 0) {
-            key_fp = true;
         } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
             return 0;
@@ -1101,11 +1108,6 @@ int main(int argc, char **argv)
     if (!trace_path || (!caps_arg && !daemon_socket)) {
         fprintf(stderr, "trace_replay: --trace and --capacity (or --daemon) are required\n");
         usage(stderr);
-        return 2;
-    }
-    if (key_fp && !fast) {
-        fprintf(stderr, "trace_replay: --key-fp needs --fast (the store does not give "
-                        "policies key fingerprints yet)\n");
         return 2;
     }
     if (daemon_socket) {
@@ -1184,8 +1186,10 @@ int main(int argc, char **argv)
                 st = run_oracle(&t, caps[ic], res);
             } else if (fast) {
                 res->mode = "policy-sim";
-                st = run_sim(&t, tkv_policy_find(pols[ip]), caps[ic], (uint32_t)block_tokens, speedup,
-                             key_fp, res);
+                if (!rk.node_keys)
+                    replay_keys_build(&t, (uint32_t)block_tokens, &rk);
+                st = run_sim(&t, tkv_policy_find(pols[ip]), caps[ic], (uint32_t)block_tokens,
+                             speedup, rk.node_keys, res);
             } else {
                 res->mode = "store";
                 if (!rk.node_keys)

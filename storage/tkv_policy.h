@@ -29,9 +29,10 @@ typedef struct tkv_policy_entry {
     uint32_t pinned;                 /* leases holding it; never evict while nonzero */
     uint32_t flags;                  /* reserved for the manager */
     uint64_t key_fp;                 /* a 64-bit fingerprint of the block's key (the same for
-                                      * the same block every time it is offered), or 0 where
-                                      * the manager does not give one; set in admit()'s probe
-                                      * too */
+                                      * the same block every time it is offered; uniform
+                                      * bits), or 0 where the manager does not give one; set
+                                      * in admit()'s probe too. The store gives the first 8
+                                      * bytes of the SHA-256 chain key, | 1 */
     /* ---- owned by the policy ---- */
     struct tkv_policy_entry *prev, *next;
     uint64_t p_u64[3];
