@@ -5,10 +5,14 @@
  * A synthetic prefix workload (chains of 1..64 blocks, 1 in 8 branching off an earlier chain,
  * requests for random chain ends, skewed towards recent chains) runs through a minimal tier
  * manager that keeps the policy fields the way storage/store.c does (parent learns of a child
- * before the policy does; hit blocks pinned while the request inserts). It reports nanoseconds
- * (process CPU time) per block operation (lookup hit, insert, eviction, pin change) at tier sizes from 10^4 to
- * 10^6 blocks: a policy that is O(1) per operation shows a flat line (cache misses of larger
- * working sets aside).
+ * before the policy does; hit blocks pinned while the request inserts; admit() asked before a
+ * missing block enters, one now_ns per request; a refused block ends the request's put). It
+ * reports nanoseconds (process CPU time) per block operation (lookup hit, admission, insert,
+ * eviction, pin change) at tier sizes from 10^4 to 10^6 blocks: a policy that is O(1) per
+ * operation shows a flat line (cache misses of larger working sets aside). Each policy runs
+ * twice: without key fingerprints (key_fp = 0) and with them (a hash of the block's number,
+ * as the store gives a hash of its key), which turns on what a policy keeps by fingerprint
+ * (tierkv's ghost history).
  */
 #include "tkv_base.h"
 #include "tkv_policy.h"
@@ -47,7 +51,19 @@ typedef struct run_result {
     double seconds;
 } run_result;
 
-static int run(const tkv_policy_ops *ops, uint64_t capacity, uint64_t num_ops, run_result *out)
+/* splitmix64's finalizer: a block's key fingerprint from its number */
+static uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
+
+static int run(const tkv_policy_ops *ops, uint64_t capacity, uint64_t num_ops, bool key_fp,
+               run_result *out)
 {
     const int32_t n = (int32_t)(capacity * 4);
     node *nodes = tkv_xcalloc((size_t)n, sizeof(*nodes));
@@ -67,8 +83,9 @@ static int run(const tkv_policy_ops *ops, uint64_t capacity, uint64_t num_ops, r
     }
     int32_t *path = tkv_xmalloc((size_t)n * sizeof(*path));
     memset(out, 0, sizeof(*out));
-    uint64_t t0 = cpu_ns();
+    uint64_t t0 = cpu_ns(), now = 0;
     while (out->ops < num_ops) {
+        now++; /* the request's put: one now_ns */
         /* the newest quarter of the chains half of the time: a working set with reuse */
         uint64_t span = rng_next(&r) % 2 ? (uint64_t)n : (uint64_t)n / 4;
         int32_t last = (int32_t)(rng_next(&r) % span);
@@ -112,12 +129,17 @@ static int run(const tkv_policy_ops *ops, uint64_t capacity, uint64_t num_ops, r
             if (!room || (p && !p->present))
                 break;
             x->pe = (tkv_policy_entry){.parent = p ? &p->pe : NULL,
-                                       .depth = p ? p->pe.depth + 1 : 0};
+                                       .depth = p ? p->pe.depth + 1 : 0,
+                                       .key_fp = key_fp ? mix64((uint64_t)(x - nodes) + 1) | 1
+                                                        : 0};
+            out->ops++;
+            if (!ops->admit(st, &x->pe, now))
+                break;
             x->present = true;
             used++;
             if (p && p->pe.num_children++ == 0)
                 ops->changed(st, &p->pe);
-            ops->inserted(st, &x->pe, 0);
+            ops->inserted(st, &x->pe, now);
             out->ops++;
         }
         for (int32_t k = 0; k < hit; k++) {
@@ -154,15 +176,19 @@ int main(int argc, char **argv)
         }
     }
     const uint64_t caps[] = {10000, 100000, 1000000};
+    const size_t num_caps = sizeof(caps) / sizeof(caps[0]);
     if (json)
         printf("[\n");
     else
-        printf("%-8s %10s %12s %10s %8s\n", "policy", "capacity", "ops", "ns/op", "hit%");
+        printf("%-8s %6s %10s %12s %10s %8s\n", "policy", "key_fp", "capacity", "ops", "ns/op",
+               "hit%");
     bool first = true;
     for (const tkv_policy_ops *const *p = tkv_policy_all(); *p; p++) {
-        for (size_t ic = 0; ic < sizeof(caps) / sizeof(caps[0]); ic++) {
+        for (size_t i = 0; i < 2 * num_caps; i++) { /* without, then with fingerprints */
+            const bool fp = i >= num_caps;
+            const size_t ic = i % num_caps;
             run_result res;
-            if (run(*p, caps[ic], num_ops, &res) != TKV_OK) {
+            if (run(*p, caps[ic], num_ops, fp, &res) != TKV_OK) {
                 fprintf(stderr, "policy_bench: %s refused capacity %" PRIu64 "\n", (*p)->name,
                         caps[ic]);
                 return 1;
@@ -170,12 +196,13 @@ int main(int argc, char **argv)
             double ns = res.seconds * 1e9 / (double)res.ops;
             double hit = 100.0 * (double)res.hits / (double)res.lookups;
             if (json)
-                printf("%s  {\"policy\": \"%s\", \"capacity_blocks\": %" PRIu64
+                printf("%s  {\"policy\": \"%s\", \"key_fp\": %s, \"capacity_blocks\": %" PRIu64
                        ", \"ops\": %" PRIu64 ", \"ns_per_op\": %.1f, \"hit_rate\": %.4f}",
-                       first ? "" : ",\n", (*p)->name, caps[ic], res.ops, ns, hit / 100);
+                       first ? "" : ",\n", (*p)->name, fp ? "true" : "false", caps[ic], res.ops,
+                       ns, hit / 100);
             else
-                printf("%-8s %10" PRIu64 " %12" PRIu64 " %10.1f %7.2f%%\n", (*p)->name,
-                       caps[ic], res.ops, ns, hit);
+                printf("%-8s %6s %10" PRIu64 " %12" PRIu64 " %10.1f %7.2f%%\n", (*p)->name,
+                       fp ? "yes" : "no", caps[ic], res.ops, ns, hit);
             first = false;
         }
     }
