@@ -13,9 +13,11 @@
  * (bytes read + written) measured in the same run.
  *
  * Also timed: the dynamic step through the CTA kernel (what the launcher used before the
- * warp-worker kernel), and the dynamic step with floors of 1, 2, 4 and 8 tiles per worker.
+ * warp-worker kernel), and the dynamic step with floors of 1, 2, 4 and 8 tiles per worker (or,
+ * with --combine, with 1, 4, 8 and 16 warps per row in the combine for many rows).
  *
- * Usage: decode_bench [--json] [--peer FILE] [--quick] [--case NAME] [--hq N] [--qlen N]
+ * Usage: decode_bench [--json] [--peer FILE] [--quick] [--combine] [--case NAME] [--hq N]
+ *                     [--qlen N]
  *   --json   print a JSON list of result objects on stdout (the table goes to stderr)
  *   --peer   FILE: JSON from bench/flashinfer_decode.py; its flashinfer_us joins the rows
  *   --quick  fewer replays (smoke runs)
@@ -87,6 +89,7 @@ static uint32_t rnd32(void)
 }
 
 static int g_reps = 50, g_warm = 5;
+static bool g_combine_sweep = false; /* --combine: the combine sweep replaces the floors */
 static void *g_flush;
 static const size_t kFlushBytes = (size_t)256 << 20;
 
@@ -148,7 +151,8 @@ struct Row {
     double kv_bytes, dyn, stat, dyn_flushed, stat_flushed, plan, step, hbm_fraction, anchor;
     double max_diff;
     double cta;          /* dynamic through the CTA kernel (the warp-worker kernel off) */
-    double floor_us[4];  /* dynamic with a floor of 1, 2, 4, 8 tiles per worker */
+    double floor_us[4];  /* dynamic with a floor of 1, 2, 4, 8 tiles per worker, or (--combine)
+                            1, 4, 8, 16 warps per row in the combine */
     int splits;
     double peer; /* < 0: none */
 };
@@ -313,6 +317,22 @@ static Row run(const BenchCase &bc, int hq, int hkv, int q_len, cudaStream_t s)
 
     /* floors: re-plan outside the graph; the attention graph reads whatever map is there */
     static const int floors[4] = {1, 2, 4, 8};
+    if (g_combine_sweep) {
+        /* the launcher picks the combine when the graph is captured */
+        static const int warps[4] = {1, 4, 8, 16};
+        for (int f = 0; f < 4; f++) {
+            tkvk__decode_tune(warps[f]);
+            cudaGraphExec_t te;
+            CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+            TK(tkvk_decode_attend_cuda(plan, &a, s));
+            CK(cudaStreamEndCapture(s, &g));
+            CK(cudaGraphInstantiate(&te, g, 0));
+            CK(cudaGraphDestroy(g));
+            row.floor_us[f] = time_graph(te, s, false);
+            CK(cudaGraphExecDestroy(te));
+        }
+        tkvk__decode_tune(0);
+    } else
     for (int f = 0; f < 4; f++) {
         TK(tkvk_decode_plan_set_min_tiles(plan, floors[f]));
         TK(tkvk_decode_plan_cuda(plan, d_lens, nreq, s));
@@ -390,6 +410,8 @@ int main(int argc, char **argv)
             only_hq = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--qlen") && i + 1 < argc)
             only_qlen = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--combine"))
+            g_combine_sweep = true;
         else if (!strcmp(argv[i], "--quick")) {
             g_reps = 11;
             g_warm = 2;
@@ -405,8 +427,8 @@ int main(int argc, char **argv)
                 peer.append(buf, n);
             fclose(f);
         } else {
-            fprintf(stderr, "usage: decode_bench [--json] [--peer FILE] [--quick] [--case NAME] "
-                            "[--hq N] [--qlen N]\n");
+            fprintf(stderr, "usage: decode_bench [--json] [--peer FILE] [--quick] [--combine] "
+                            "[--case NAME] [--hq N] [--qlen N]\n");
             return 2;
         }
     }
@@ -431,7 +453,7 @@ int main(int argc, char **argv)
     fprintf(tab, "%-18s %5s %2s %8s %8s %8s %8s %8s %6s %6s %6s %7s %6s %6s %8s %8s %27s\n",
             "case", "heads", "q", "dyn_us", "stat_us", "dynL2f", "plan_us", "step_us", "hbm",
             "xstat", "anchor", "xanchor", "fi_us", "xfi", "maxdiff", "cta_us",
-            "floor 1/2/4/8 us");
+            g_combine_sweep ? "combine K 1/4/8/16 us" : "floor 1/2/4/8 us");
     std::vector<Row> rows;
     const int heads[2][2] = {{8, 1}, {64, 8}};
     for (int qi = 0; qi < 2; qi++)
@@ -473,10 +495,13 @@ int main(int argc, char **argv)
                    "\"dynamic_flushed_us\": %.2f, \"static_flushed_us\": %.2f, \"plan_us\": %.2f, "
                    "\"step_us\": %.2f, \"hbm_fraction\": %.3f, \"copy_rate_gbs\": %.1f, "
                    "\"dyn_vs_static_max_abs_diff\": %.3g, \"dynamic_cta_kernel_us\": %.2f, "
-                   "\"dynamic_floor_us\": {\"1\": %.2f, \"2\": %.2f, \"4\": %.2f, \"8\": %.2f}}%s\n",
+                   "\"%s\": {\"%d\": %.2f, \"%d\": %.2f, \"%d\": %.2f, \"%d\": %.2f}}%s\n",
                    r.name.c_str(), r.hq, r.hkv, r.q_len, r.kv_bytes, r.dyn, r.stat, fi,
                    r.dyn_flushed, r.stat_flushed, r.plan, r.step, r.hbm_fraction, rate / 1e9,
-                   r.max_diff, r.cta, r.floor_us[0], r.floor_us[1], r.floor_us[2],
+                   r.max_diff, r.cta,
+                   g_combine_sweep ? "dynamic_combine_warps_us" : "dynamic_floor_us",
+                   g_combine_sweep ? 1 : 1, r.floor_us[0], g_combine_sweep ? 4 : 2, r.floor_us[1],
+                   g_combine_sweep ? 8 : 4, r.floor_us[2], g_combine_sweep ? 16 : 8,
                    r.floor_us[3], i + 1 < rows.size() ? "," : "");
         }
         printf("]\n");

@@ -7,12 +7,14 @@ FP8 e4m3 K/V with per-tensor scales, Hq/Hkv 8/1 and 64/8). FlashInfer's layout d
 tierkv's (separate K and V caches, NHD), so the KV is built in its layout once, outside the
 timing, with random finite e4m3 bytes. Q is BF16: FlashInfer's decode takes no FP8 Q with
 per-token-head scales. Its decode wrapper serves one query token per request, so query length
-4 rows are written with flashinfer_us null.
+4 (speculative verify) runs its paged prefill wrapper (BatchPrefillWithPagedKVCacheWrapper,
+causal, FA2 backend: the one that takes BF16 Q over FP8 KV), as an engine would.
 
 Method (decode_bench's): plan() outside the timing; one run() captured in a CUDA graph; 5 warm-up
 replays; 50 replays each between its own CUDA events; the median. Both of FlashInfer's decode
 kernels are timed (use_tensor_cores False and True, the second its choice for large GQA groups)
-and the faster is the peer's figure, its kernel named in "flashinfer_kernel".
+and the faster is the peer's figure, its kernel named in "flashinfer_kernel" ("prefill" for
+query length 4).
 
 FlashInfer compiles its kernels on first use (nvcc, a minute or more per kernel); those
 compilations happen before any timing. Its wheels come from scripts/peer-wheels.
@@ -56,8 +58,8 @@ def time_graph(graph, torch, reps=50, warm=5):
     return statistics.median(times)
 
 
-def run_case(flashinfer, torch, parts, hq, hkv, tensor_cores):
-    lens = [n for count, n in parts for _ in range(count)]
+def make_kv(torch, lens, hkv):
+    """FlashInfer's paged inputs for these KV lengths: caches, indptr, page ids, last lengths."""
     pages = [(n + PAGE - 1) // PAGE for n in lens]
     total_pages = sum(pages)
     dev = "cuda"
@@ -70,25 +72,46 @@ def run_case(flashinfer, torch, parts, hq, hkv, tensor_cores):
     indptr = torch.zeros(len(lens) + 1, dtype=torch.int32, device=dev)
     indptr[1:] = torch.cumsum(torch.tensor(pages, dtype=torch.int32, device=dev), 0)
     last = torch.tensor([(n - 1) % PAGE + 1 for n in lens], dtype=torch.int32, device=dev)
-    q = (torch.randn(len(lens), hq, HEAD_DIM, device=dev) * 0.5).to(torch.bfloat16)
-    workspace = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
-    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-        workspace, "NHD", use_cuda_graph=True, use_tensor_cores=tensor_cores,
-        paged_kv_indptr_buffer=indptr, paged_kv_indices_buffer=perm,
-        paged_kv_last_page_len_buffer=last)
-    wrapper.plan(indptr, perm, last, hq, hkv, HEAD_DIM, PAGE, pos_encoding_mode="NONE",
-                 q_data_type=torch.bfloat16, kv_data_type=torch.float8_e4m3fn)
-    out = wrapper.run(q, (k_cache, v_cache), k_scale=0.02, v_scale=0.03)  # JIT/warm outside
+    return (k_cache, v_cache), indptr, perm, last
+
+
+def capture(torch, run):
+    """run() once outside (JIT and warm-up), then captured in a CUDA graph; the graph's time."""
+    out = run(None)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        wrapper.run(q, (k_cache, v_cache), k_scale=0.02, v_scale=0.03, out=out)
+        run(out)
         torch.cuda.synchronize()
         with torch.cuda.graph(graph, stream=stream):
-            wrapper.run(q, (k_cache, v_cache), k_scale=0.02, v_scale=0.03, out=out)
+            run(out)
     torch.cuda.synchronize()
     return time_graph(graph, torch)
+
+
+def run_case(flashinfer, torch, parts, hq, hkv, q_len, tensor_cores):
+    lens = [n for count, n in parts for _ in range(count)]
+    kv, indptr, perm, last = make_kv(torch, lens, hkv)
+    q = (torch.randn(len(lens) * q_len, hq, HEAD_DIM, device="cuda") * 0.5).to(torch.bfloat16)
+    workspace = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")  # prefill q4: 331 MB
+    if q_len == 1:
+        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            workspace, "NHD", use_cuda_graph=True, use_tensor_cores=tensor_cores,
+            paged_kv_indptr_buffer=indptr, paged_kv_indices_buffer=perm,
+            paged_kv_last_page_len_buffer=last)
+        wrapper.plan(indptr, perm, last, hq, hkv, HEAD_DIM, PAGE, pos_encoding_mode="NONE",
+                     q_data_type=torch.bfloat16, kv_data_type=torch.float8_e4m3fn)
+    else:
+        qo_indptr = torch.arange(0, (len(lens) + 1) * q_len, q_len, dtype=torch.int32,
+                                 device="cuda")
+        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            workspace, "NHD", use_cuda_graph=True, qo_indptr_buf=qo_indptr,
+            paged_kv_indptr_buf=indptr, paged_kv_indices_buf=perm,
+            paged_kv_last_page_len_buf=last, backend="fa2")
+        wrapper.plan(qo_indptr, indptr, perm, last, hq, hkv, HEAD_DIM, PAGE, causal=True,
+                     q_data_type=torch.bfloat16, kv_data_type=torch.float8_e4m3fn)
+    return capture(torch, lambda out: wrapper.run(q, kv, k_scale=0.02, v_scale=0.03, out=out))
 
 
 def main():
@@ -109,9 +132,9 @@ def main():
         for hq, hkv in HEADS:
             for name, parts in CASES:
                 us, kernel = None, None
-                for tc in (False, True) if q_len == 1 else ():
+                for tc in (False, True) if q_len == 1 else (True,):
                     try:
-                        t = run_case(flashinfer, torch, parts, hq, hkv, tc)
+                        t = run_case(flashinfer, torch, parts, hq, hkv, q_len, tc)
                     except Exception as e:  # a shape FlashInfer refuses: not a figure
                         print(f"flashinfer_decode: {name} {hq}/{hkv} tensor cores {tc}: {e}",
                               file=sys.stderr)
@@ -119,7 +142,8 @@ def main():
                     print(f"{name:18s} {hq}/{hkv} q{q_len} tensor cores {tc}: {t:.1f}",
                           file=sys.stderr)
                     if us is None or t < us:
-                        us, kernel = t, "tensor_cores" if tc else "cuda_cores"
+                        us, kernel = t, ("prefill" if q_len > 1 else
+                                         "tensor_cores" if tc else "cuda_cores")
                 # "flashinfer_us" right after "q_len": decode_bench --peer reads them together
                 rows.append({"case": name, "hq": hq, "hkv": hkv, "q_len": q_len,
                              "flashinfer_us": None if us is None else round(us, 2),

@@ -12,8 +12,8 @@
  *            kernel, every other shape): worker i drains bin i as one stream of tiles
  *            (cp.async, 2-4 stages deep, prefetching across task boundaries); at the end of a
  *            task it writes the partial O (normalised, f32) and its base-2 LSE.
- *   combine  one CTA per (request, KV head, row) merges that row's partials with the global
- *            softmax and writes BF16 O and the LSE.
+ *   combine  merges each (request, KV head, row)'s partials with the global softmax and
+ *            writes BF16 O and the LSE: 4 CTAs per row for few rows, K warps per row for many.
  * Kernels are chained with programmatic dependent launch: each triggers its dependents as it
  * starts and waits (griddepcontrol.wait, which returns when the previous kernel has finished
  * and its writes are visible) before its first memory access, so the next kernel's CTAs are
@@ -1519,18 +1519,18 @@ struct CombineParams {
     const float *part_o, *part_lse;
     const int32_t *pair_first, *pair_count; /* NULL: static, splits per pair */
     int static_splits;
-    int num_kv_heads, num_q_heads, group, q_len, rows, head_dim;
+    int num_kv_heads, num_q_heads, group, q_len, rows, head_dim, num_pairs;
     int direct; /* pairs of one task were written by the attention kernel */
     uint16_t *out;
     float *lse;
 };
 
-/* One CTA per (pair, row). A long request split over hundreds of workers has hundreds of
+/* For few rows (at most one per SM): CTAs of kThreads per (pair, row, slice of kSlices).
+ * A long request split over hundreds of workers has hundreds of
  * partials per row, so the work per partial is kept to one load and four FMAs: the LSEs are
  * read once (into shared memory, up to kMaxW of them) for the global max, turned into weights
  * there, and then thread (group, quad) sums 4 dims of every kGroups-th partial, its loads
- * issued in batches before any is used; the groups are added in shared memory at the end.
- * The launcher gives few CTAs 512 threads and many 128, so that they fit in one wave. */
+ * issued in batches before any is used; the groups are added in shared memory at the end. */
 constexpr int kCombineMaxW = 2048;
 
 template <int kThreads> __device__ __forceinline__ float block_max(float x, float *red)
@@ -1565,6 +1565,134 @@ template <int kThreads> __device__ __forceinline__ float block_sum(float x, floa
     return x;
 }
 
+/* The partials of a pair: first slot and count. */
+__device__ __forceinline__ void combine_pair(const CombineParams &p, int pair, int &first,
+                                             int &count)
+{
+    if (p.pair_first) {
+        first = p.pair_first[pair];
+        count = p.pair_count[pair];
+    } else {
+        first = pair * p.static_splits;
+        count = p.static_splits;
+    }
+}
+
+/* For many rows (more than SMs): K warps per (pair, row), max(8, K) warps per CTA, K chosen by
+ * the launcher so that all rows' warps fit in one wave. Warp k of a row merges
+ * partials k, k + K, ... (its lanes read 32 LSEs at a time; each lane sums D / 32 dims of every
+ * partial, loads batched by the unrolled loop), then the row's K results are merged through
+ * shared memory. No block-wide reductions per row, and a CTA's launch serves 8 / K rows. */
+template <int D, int K>
+__global__ void __launch_bounds__(K > 8 ? 32 * K : 256) dec_combine_warp_kernel(const CombineParams p)
+{
+    constexpr int V = D / 32, kWarps = K > 8 ? K : 8, kRows = kWarps / K;
+    __shared__ float s_acc[K > 1 ? kWarps : 1][D];
+    __shared__ float s_m[kWarps], s_w[kWarps];
+    pdl_wait();
+    pdl_trigger();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = warp % K;
+    const int64_t item = (int64_t)blockIdx.x * kRows + warp / K;
+    const int R = p.rows;
+    int pair = 0, r = 0, first = 0, count = 0;
+    if (item < (int64_t)p.num_pairs * R) {
+        pair = (int)(item / R);
+        r = (int)(item % R);
+        combine_pair(p, pair, first, count);
+    }
+    /* skipped rows still reach the barrier below (K > 1) */
+    const bool skip = item >= (int64_t)p.num_pairs * R || (p.direct && count == 1);
+    const int mine = skip ? 0 : (count - sub + K - 1) / K; /* partials sub + K j */
+    const float *lse = p.part_lse + (size_t)first * R + r;
+    float mx = -INFINITY;
+    for (int j = lane; j < mine; j += 32)
+        mx = fmaxf(mx, lse[(size_t)(sub + K * j) * R]);
+#pragma unroll
+    for (int o = 16; o; o >>= 1)
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float acc[V];
+#pragma unroll
+    for (int v = 0; v < V; v++)
+        acc[v] = 0.0f;
+    float ws = 0.0f;
+    for (int j0 = 0; j0 < mine; j0 += 32) {
+        float w = 0.0f;
+        if (j0 + lane < mine) {
+            float li = lse[(size_t)(sub + K * (j0 + lane)) * R];
+            w = li == -INFINITY ? 0.0f : exp2f(li - mx);
+        }
+        ws += w;
+        const int n = min(32, mine - j0);
+        const float *src = p.part_o + ((size_t)(first + sub + K * j0) * R + r) * D + lane * V;
+#pragma unroll 8
+        for (int j = 0; j < n; j++) {
+            const float wj = __shfl_sync(0xffffffffu, w, j);
+            const float *at = src + (size_t)j * K * R * D;
+            if (V == 2) {
+                float2 x = *reinterpret_cast<const float2 *>(at);
+                acc[0] = fmaf(wj, x.x, acc[0]);
+                acc[1] = fmaf(wj, x.y, acc[1]);
+            } else {
+#pragma unroll
+                for (int v = 0; v < V; v += 4) {
+                    float4 x = *reinterpret_cast<const float4 *>(at + v);
+                    acc[v] = fmaf(wj, x.x, acc[v]);
+                    acc[v + 1] = fmaf(wj, x.y, acc[v + 1]);
+                    acc[v + 2] = fmaf(wj, x.z, acc[v + 2]);
+                    acc[v + 3] = fmaf(wj, x.w, acc[v + 3]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int o = 16; o; o >>= 1)
+        ws += __shfl_xor_sync(0xffffffffu, ws, o);
+    if (K > 1) {
+        /* the row's K warps: their (max, sum, sums) through shared memory to warp sub 0 */
+        if (lane == 0) {
+            s_m[warp] = mx;
+            s_w[warp] = ws;
+        }
+#pragma unroll
+        for (int v = 0; v < V; v++)
+            s_acc[warp][lane * V + v] = acc[v];
+        __syncthreads();
+        if (sub != 0)
+            return;
+        float m_all = -INFINITY;
+#pragma unroll
+        for (int k = 0; k < K; k++)
+            m_all = fmaxf(m_all, s_m[warp + k]);
+        ws = 0.0f;
+#pragma unroll
+        for (int v = 0; v < V; v++)
+            acc[v] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            float mk = s_m[warp + k];
+            float sc = mk == -INFINITY ? 0.0f : exp2f(mk - m_all);
+            ws += sc * s_w[warp + k];
+#pragma unroll
+            for (int v = 0; v < V; v++)
+                acc[v] = fmaf(sc, s_acc[warp + k][lane * V + v], acc[v]);
+        }
+        mx = m_all;
+    }
+    if (skip)
+        return;
+    const float inv = ws > 0.0f ? 1.0f / ws : 0.0f;
+    const int req = pair / p.num_kv_heads, kvh = pair % p.num_kv_heads;
+    const int t = r / p.group, gh = r % p.group;
+    const size_t oi = ((size_t)req * p.q_len + t) * p.num_q_heads + (size_t)kvh * p.group + gh;
+    uint16_t *dst = p.out + oi * D + lane * V;
+#pragma unroll
+    for (int v = 0; v < V; v += 2)
+        *reinterpret_cast<uint32_t *>(dst + v) =
+            tkvk_bf16x2_from_float2(acc[v] * inv, acc[v + 1] * inv);
+    if (p.lse && lane == 0)
+        p.lse[oi] = ws > 0.0f ? mx + log2f(ws) : -INFINITY;
+}
+
 template <int D, int kThreads, int kSlices>
 __global__ void __launch_bounds__(kThreads) dec_combine_kernel(const CombineParams p)
 {
@@ -1578,13 +1706,7 @@ __global__ void __launch_bounds__(kThreads) dec_combine_kernel(const CombinePara
     const int pair = blockIdx.x, r = blockIdx.y, tid = threadIdx.x;
     const int req = pair / p.num_kv_heads, kvh = pair % p.num_kv_heads;
     int first, count;
-    if (p.pair_first) {
-        first = p.pair_first[pair];
-        count = p.pair_count[pair];
-    } else {
-        first = pair * p.static_splits;
-        count = p.static_splits;
-    }
+    combine_pair(p, pair, first, count);
     if (p.direct && count == 1)
         return;
     const float *lse = p.part_lse + (size_t)first * p.rows + r;
@@ -1723,6 +1845,9 @@ template <int D, int MT, bool kLo8 = false> AttendVariant warp_variant()
 /* Set by tkvk__decode_kernel() (benchmarks): TKVK__DEC_* for plans made and steps launched
  * while it is set. */
 int g_kernel = TKVK__DEC_AUTO;
+/* Set by tkvk__decode_tune() (benchmarks, tests): warps per row of the combine for more rows
+ * than SMs, 1..16; 0 the launcher's choice. */
+int g_combine = 0;
 
 /* FP8 Q over FP8 KV with up to 16 rows (32 at D <= 128) runs the warp-worker kernel; every
  * other combination the CTA kernel with 4 warps (8 past 64 rows). */
@@ -2046,20 +2171,29 @@ template <int D>
 static cudaError_t dec_launch_combine(const CombineParams &cp, int pairs, int num_sms,
                                       cudaStream_t s)
 {
-    /* Few rows (a handful of requests, perhaps one split hundreds of ways) get more threads
-     * each; the CTAs of every choice fit in one wave (four 512-thread CTAs per SM):
-     *   <= SMs rows:     4 CTAs of 512 threads per row, a quarter of its dims each, so a long
-     *                    request's partials are read by many SMs;
-     *   <= 4 x SMs rows: one CTA of 512 threads per row;
-     *   else:            one CTA of 128 threads per row. */
+    /* Few rows (a handful of requests, perhaps one split hundreds of ways): 4 CTAs of 512
+     * threads per row, a quarter of its dims each, so a long request's partials are read by
+     * many SMs. More rows: K warps per row, K the largest of 16, 8, .. 1 whose warps fill half
+     * a wave (32 per SM): measured best at 256, 512, 1024 and 4096 rows (docs/perf.md; more
+     * warps pay for long requests' rows, fewer for uniform batches' few partials). A CTA per
+     * row there (the previous choice) spent 9-12 us on launches and block-wide reductions. */
     int64_t rows = (int64_t)pairs * cp.rows;
     if (rows <= num_sms)
         return launch_pdl(dec_combine_kernel<D, 512, 4>, dim3(pairs, cp.rows, 4), dim3(512), 0,
                           s, cp);
-    if (rows <= 4LL * num_sms)
-        return launch_pdl(dec_combine_kernel<D, 512, 1>, dim3(pairs, cp.rows), dim3(512), 0, s,
-                          cp);
-    return launch_pdl(dec_combine_kernel<D, 128, 1>, dim3(pairs, cp.rows), dim3(128), 0, s, cp);
+    int k = g_combine;
+    if (k <= 0)
+        for (k = 16; k > 1 && (int64_t)k * rows > 32LL * num_sms; k >>= 1) {
+        }
+    const int per_cta = k > 8 ? 1 : 8 / k;
+    const dim3 grid((unsigned)((rows + per_cta - 1) / per_cta));
+    switch (k) {
+    case 1: return launch_pdl(dec_combine_warp_kernel<D, 1>, grid, dim3(256), 0, s, cp);
+    case 2: return launch_pdl(dec_combine_warp_kernel<D, 2>, grid, dim3(256), 0, s, cp);
+    case 4: return launch_pdl(dec_combine_warp_kernel<D, 4>, grid, dim3(256), 0, s, cp);
+    case 8: return launch_pdl(dec_combine_warp_kernel<D, 8>, grid, dim3(256), 0, s, cp);
+    default: return launch_pdl(dec_combine_warp_kernel<D, 16>, grid, dim3(512), 0, s, cp);
+    }
 }
 
 static int dec_combine(const tkvk_decode_plan *pl, const tkvk_decode_args *a, const DecParams &p,
@@ -2072,6 +2206,7 @@ static int dec_combine(const tkvk_decode_plan *pl, const tkvk_decode_args *a, co
     cp.pair_count = is_static ? nullptr : pl->pair_count;
     cp.static_splits = p.static_splits;
     cp.direct = !is_static && p.direct;
+    cp.num_pairs = a->num_requests * p.num_kv_heads;
     cp.num_kv_heads = p.num_kv_heads;
     cp.num_q_heads = p.num_q_heads;
     cp.group = p.group;
@@ -2156,6 +2291,11 @@ extern "C" int tkvk_decode_static_cuda(tkvk_decode_plan *pl, const tkvk_decode_a
 extern "C" void tkvk__decode_kernel(int which)
 {
     g_kernel = which;
+}
+
+extern "C" void tkvk__decode_tune(int combine)
+{
+    g_combine = combine;
 }
 
 extern "C" int tkvk_merge_states_cuda(const uint16_t *o_a, const float *lse_a,

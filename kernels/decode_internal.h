@@ -42,6 +42,9 @@ int tkvk__decode_static_splits(int num_pairs, int max_kv_len, int grid);
  *   CTA    the CTA kernel for every shape */
 enum { TKVK__DEC_AUTO = 0, TKVK__DEC_CTA = 1 };
 void tkvk__decode_kernel(int which);
+/* Benchmarks and tests: warps per row (1, 2, 4, 8, 16) of the combine for more rows than SMs
+ * in steps launched from now on; 0 the launcher's choice. */
+void tkvk__decode_tune(int combine);
 
 #ifdef __cplusplus
 }

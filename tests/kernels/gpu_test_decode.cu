@@ -708,6 +708,16 @@ int main(void)
         c.lens = {131072, 1, 64, 65, 4096, 2, 3};
         run_case(c, s, true);
     }
+    /* Every warps-per-row choice of the combine for many rows (the launcher picks one by the
+     * row count): 24 pairs x 32 rows, one of them 128K long, and empty and one-tile pairs. */
+    for (int k = 1; k <= 16; k *= 2) {
+        tkvk__decode_tune(k);
+        Case c = {k == 16 ? 64 : 128, 64, TKVK_DTYPE_FP8_E4M3, TKVK_SCALE_PER_TENSOR,
+                  TKVK_DTYPE_FP8_E4M3, 3, 8, 4, {131072, 0, 1, 65, 4096, 3000, 200, 64}};
+        printf("combine with %d warps per row:\n", k);
+        run_case(c, s, false);
+    }
+    tkvk__decode_tune(0);
     /* Largest rows per pair: group 16 x q_len 8 = 128 rows (8 warps per CTA). */
     {
         Case c = {128, 32, TKVK_DTYPE_FP8_E4M3, TKVK_SCALE_PER_TOKEN_HEAD, TKVK_DTYPE_BF16, 1, 16,
