@@ -89,7 +89,15 @@ static uint32_t rnd32(void)
 }
 
 static int g_reps = 50, g_warm = 5;
-static bool g_combine_sweep = false; /* --combine: the combine sweep replaces the floors */
+/* The last four columns: the dynamic step with each of these floors (tiles per worker), or with
+ * --combine each of these warps per row in the combine for many rows. */
+static bool g_combine_sweep = false;
+static const int kFloors[4] = {1, 2, 4, 8}, kCombineWarps[4] = {1, 4, 8, 16};
+
+static const int *sweep_values(void)
+{
+    return g_combine_sweep ? kCombineWarps : kFloors;
+}
 static void *g_flush;
 static const size_t kFlushBytes = (size_t)256 << 20;
 
@@ -151,8 +159,7 @@ struct Row {
     double kv_bytes, dyn, stat, dyn_flushed, stat_flushed, plan, step, hbm_fraction, anchor;
     double max_diff;
     double cta;          /* dynamic through the CTA kernel (the warp-worker kernel off) */
-    double floor_us[4];  /* dynamic with a floor of 1, 2, 4, 8 tiles per worker, or (--combine)
-                            1, 4, 8, 16 warps per row in the combine */
+    double sweep_us[4];  /* dynamic at each of sweep_values() */
     int splits;
     double peer; /* < 0: none */
 };
@@ -286,12 +293,17 @@ static Row run(const BenchCase &bc, int hq, int hkv, int q_len, cudaStream_t s)
     CK(cudaGraphDestroy(g));
     CK(cudaGraphLaunch(plan_exec, s)); /* the task map the attention graph reads */
     CK(cudaStreamSynchronize(s));
-    /* attention + combine */
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    TK(tkvk_decode_attend_cuda(plan, &a, s));
-    CK(cudaStreamEndCapture(s, &g));
-    CK(cudaGraphInstantiate(&dyn_exec, g, 0));
-    CK(cudaGraphDestroy(g));
+    /* attention + combine (the launcher picks the combine when the graph is captured) */
+    auto attend_graph = [&]() {
+        cudaGraphExec_t exec;
+        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        TK(tkvk_decode_attend_cuda(plan, &a, s));
+        CK(cudaStreamEndCapture(s, &g));
+        CK(cudaGraphInstantiate(&exec, g, 0));
+        CK(cudaGraphDestroy(g));
+        return exec;
+    };
+    dyn_exec = attend_graph();
     /* static */
     tkvk_decode_args as = a;
     as.out = d_out2;
@@ -315,30 +327,22 @@ static Row run(const BenchCase &bc, int hq, int hkv, int q_len, cudaStream_t s)
     row.plan = time_graph(plan_exec, s, false);
     row.step = time_graph(step_exec, s, false);
 
-    /* floors: re-plan outside the graph; the attention graph reads whatever map is there */
-    static const int floors[4] = {1, 2, 4, 8};
-    if (g_combine_sweep) {
-        /* the launcher picks the combine when the graph is captured */
-        static const int warps[4] = {1, 4, 8, 16};
-        for (int f = 0; f < 4; f++) {
-            tkvk__decode_tune(warps[f]);
-            cudaGraphExec_t te;
-            CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-            TK(tkvk_decode_attend_cuda(plan, &a, s));
-            CK(cudaStreamEndCapture(s, &g));
-            CK(cudaGraphInstantiate(&te, g, 0));
-            CK(cudaGraphDestroy(g));
-            row.floor_us[f] = time_graph(te, s, false);
-            CK(cudaGraphExecDestroy(te));
-        }
-        tkvk__decode_tune(0);
-    } else
+    /* floors: re-plan outside the graph, which reads whatever map is there; combine: a new
+     * graph for each choice */
     for (int f = 0; f < 4; f++) {
-        TK(tkvk_decode_plan_set_min_tiles(plan, floors[f]));
-        TK(tkvk_decode_plan_cuda(plan, d_lens, nreq, s));
-        CK(cudaStreamSynchronize(s));
-        row.floor_us[f] = time_graph(dyn_exec, s, false);
+        if (g_combine_sweep) {
+            tkvk__decode_tune(kCombineWarps[f]);
+            cudaGraphExec_t exec = attend_graph();
+            row.sweep_us[f] = time_graph(exec, s, false);
+            CK(cudaGraphExecDestroy(exec));
+        } else {
+            TK(tkvk_decode_plan_set_min_tiles(plan, kFloors[f]));
+            TK(tkvk_decode_plan_cuda(plan, d_lens, nreq, s));
+            CK(cudaStreamSynchronize(s));
+            row.sweep_us[f] = time_graph(dyn_exec, s, false);
+        }
     }
+    tkvk__decode_tune(0);
     /* the CTA kernel, with its own plan (the grid follows the kernel's occupancy); its output
      * goes to d_out2 and is compared below */
     auto time_kernel = [&](int which) {
@@ -476,12 +480,13 @@ int main(int argc, char **argv)
                         "%8.1e %8.1f %6.1f/%6.1f/%6.1f/%6.1f\n",
                         r.name.c_str(), heads_s, r.q_len, r.dyn, r.stat, r.dyn_flushed, r.plan,
                         r.step, r.hbm_fraction, r.stat / r.dyn, anchor_s, xa_s, fi_s, xfi_s,
-                        r.max_diff, r.cta, r.floor_us[0], r.floor_us[1], r.floor_us[2],
-                        r.floor_us[3]);
+                        r.max_diff, r.cta, r.sweep_us[0], r.sweep_us[1], r.sweep_us[2],
+                        r.sweep_us[3]);
                 fflush(tab);
                 rows.push_back(r);
             }
     if (json) {
+        const int *sv = sweep_values();
         printf("[\n");
         for (size_t i = 0; i < rows.size(); i++) {
             const Row &r = rows[i];
@@ -499,10 +504,9 @@ int main(int argc, char **argv)
                    r.name.c_str(), r.hq, r.hkv, r.q_len, r.kv_bytes, r.dyn, r.stat, fi,
                    r.dyn_flushed, r.stat_flushed, r.plan, r.step, r.hbm_fraction, rate / 1e9,
                    r.max_diff, r.cta,
-                   g_combine_sweep ? "dynamic_combine_warps_us" : "dynamic_floor_us",
-                   g_combine_sweep ? 1 : 1, r.floor_us[0], g_combine_sweep ? 4 : 2, r.floor_us[1],
-                   g_combine_sweep ? 8 : 4, r.floor_us[2], g_combine_sweep ? 16 : 8,
-                   r.floor_us[3], i + 1 < rows.size() ? "," : "");
+                   g_combine_sweep ? "dynamic_combine_warps_us" : "dynamic_floor_us", sv[0],
+                   r.sweep_us[0], sv[1], r.sweep_us[1], sv[2], r.sweep_us[2], sv[3],
+                   r.sweep_us[3], i + 1 < rows.size() ? "," : "");
         }
         printf("]\n");
     }

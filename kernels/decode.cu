@@ -289,6 +289,15 @@ __device__ __forceinline__ int tiles_of(int32_t len)
     return len <= 0 ? 0 : (len + kTileTokens - 1) / kTileTokens;
 }
 
+/* Row r of pair (req, kvh) as an index into q, q_scales, out and lse: a pair's rows are its
+ * query tokens t times its group's heads gh, r = t * group + gh. P: DecParams or CombineParams. */
+template <typename P>
+__device__ __forceinline__ size_t row_index(const P &p, int req, int kvh, int r)
+{
+    int t = r / p.group, gh = r % p.group;
+    return ((size_t)req * p.q_len + t) * p.num_q_heads + (size_t)kvh * p.group + gh;
+}
+
 /* info[0..3] = num_bins, num_tiles, num_tasks, tiles_per_cta. Same algorithm as
  * tkvk_decode_plan_cpu(). */
 __global__ void __launch_bounds__(kPlanThreads, 1)
@@ -666,8 +675,8 @@ template <int D, bool FP8KV, int NW, bool Q8 = false> struct Attend {
         for (int h = 0; h < 2; h++) {
             int r = row0 + h * 8;
             bool valid = r < R;
-            int t = valid ? r / p.group : 0, gh = valid ? r % p.group : 0;
-            size_t qi = ((size_t)req * p.q_len + t) * p.num_q_heads + (size_t)kvh * p.group + gh;
+            int t = valid ? r / p.group : 0;
+            size_t qi = row_index(p, req, kvh, valid ? r : 0);
             /* rows past R are never written: no mask for them (INT_MAX) */
             lim[h] = valid ? len - p.q_len + t + 1 : 0x7fffffff;
             float qs = 1.0f;
@@ -1265,8 +1274,8 @@ template <int D, int MT, bool kLo8 = false> struct WarpAttend {
         for (int h = 0; h < 2; h++) {
             int r = row0 + h * 8;
             bool valid = r < R;
-            int t = valid ? r / p.group : 0, gh = valid ? r % p.group : 0;
-            size_t qi = ((size_t)req * p.q_len + t) * p.num_q_heads + (size_t)kvh * p.group + gh;
+            int t = valid ? r / p.group : 0;
+            size_t qi = row_index(p, req, kvh, valid ? r : 0);
             lim[h] = valid ? len - p.q_len + t + 1 : 0x7fffffff;
             float qs = valid ? p.q_scales[qi] : 0.0f;
             const uint8_t *q = static_cast<const uint8_t *>(p.q) + qi * D;
@@ -1480,8 +1489,7 @@ __device__ void WarpAttend<D, MT, kLo8>::finalize_out(
             if (r >= R)
                 continue;
             float inv = l > 0.0f ? v_mul / l : 0.0f;
-            int t = r / p.group, gh = r % p.group;
-            size_t oi = ((size_t)req * p.q_len + t) * p.num_q_heads + (size_t)kvh * p.group + gh;
+            size_t oi = row_index(p, req, kvh, r);
             uint16_t *dst = p.out + oi * D;
             /* dims 2c * D/8 + nb and (2c + 1) * D/8 + nb: two runs of D/8 values, 16 bytes a
              * store */
@@ -1682,8 +1690,7 @@ __global__ void __launch_bounds__(K > 8 ? 32 * K : 256) dec_combine_warp_kernel(
         return;
     const float inv = ws > 0.0f ? 1.0f / ws : 0.0f;
     const int req = pair / p.num_kv_heads, kvh = pair % p.num_kv_heads;
-    const int t = r / p.group, gh = r % p.group;
-    const size_t oi = ((size_t)req * p.q_len + t) * p.num_q_heads + (size_t)kvh * p.group + gh;
+    const size_t oi = row_index(p, req, kvh, r);
     uint16_t *dst = p.out + oi * D + lane * V;
 #pragma unroll
     for (int v = 0; v < V; v += 2)
@@ -1772,8 +1779,7 @@ __global__ void __launch_bounds__(kThreads) dec_combine_kernel(const CombinePara
             acc.w += b.w;
         }
         float inv = ws > 0.0f ? 1.0f / ws : 0.0f;
-        int t = r / p.group, gh = r % p.group;
-        size_t oi = ((size_t)req * p.q_len + t) * p.num_q_heads + (size_t)kvh * p.group + gh;
+        size_t oi = row_index(p, req, kvh, r);
         uint2 packed = make_uint2(tkvk_bf16x2_from_float2(acc.x * inv, acc.y * inv),
                                   tkvk_bf16x2_from_float2(acc.z * inv, acc.w * inv));
         *reinterpret_cast<uint2 *>(p.out + oi * D + quad * 4) = packed;
