@@ -89,14 +89,21 @@ static uint32_t rnd32(void)
 }
 
 static int g_reps = 50, g_warm = 5;
-/* The last four columns: the dynamic step with each of these floors (tiles per worker), or with
- * --combine each of these warps per row in the combine for many rows. */
-static bool g_combine_sweep = false;
-static const int kFloors[4] = {1, 2, 4, 8}, kCombineWarps[4] = {1, 4, 8, 16};
+/* The last four columns: the dynamic step with each of these floors (tiles per worker); with
+ * --combine each of these combine shapes (tkvk__decode_tune: 0 the launcher's choice, K warps
+ * per row over S slices of the head dim: K + 100 S); with --warps each of these resident warps
+ * per SM of the warp-worker kernel (-1: as many as fit). */
+enum { SWEEP_FLOORS, SWEEP_COMBINE, SWEEP_WARPS };
+static int g_sweep = SWEEP_FLOORS;
+static const int kSweep[3][4] = {{1, 2, 4, 8}, {0, 116, 216, 416}, {8, 9, 10, -1}};
+static const char *const kSweepLabel[3] = {"floor 1/2/4/8 us", "combine auto/16x1/16x2/16x4 us",
+                                           "warps/SM 8/9/10/max us"};
+static const char *const kSweepKey[3] = {"dynamic_floor_us", "dynamic_combine_us",
+                                         "dynamic_warps_per_sm_us"};
 
 static const int *sweep_values(void)
 {
-    return g_combine_sweep ? kCombineWarps : kFloors;
+    return kSweep[g_sweep];
 }
 static void *g_flush;
 static const size_t kFlushBytes = (size_t)256 << 20;
@@ -159,6 +166,7 @@ struct Row {
     double kv_bytes, dyn, stat, dyn_flushed, stat_flushed, plan, step, hbm_fraction, anchor;
     double max_diff;
     double cta;          /* dynamic through the CTA kernel (the warp-worker kernel off) */
+    double m16;          /* at most 8 rows: the warp-worker kernel with rows on the mma's M side */
     double sweep_us[4];  /* dynamic at each of sweep_values() */
     int splits;
     double peer; /* < 0: none */
@@ -327,26 +335,11 @@ static Row run(const BenchCase &bc, int hq, int hkv, int q_len, cudaStream_t s)
     row.plan = time_graph(plan_exec, s, false);
     row.step = time_graph(step_exec, s, false);
 
-    /* floors: re-plan outside the graph, which reads whatever map is there; combine: a new
-     * graph for each choice */
-    for (int f = 0; f < 4; f++) {
-        if (g_combine_sweep) {
-            tkvk__decode_tune(kCombineWarps[f]);
-            cudaGraphExec_t exec = attend_graph();
-            row.sweep_us[f] = time_graph(exec, s, false);
-            CK(cudaGraphExecDestroy(exec));
-        } else {
-            TK(tkvk_decode_plan_set_min_tiles(plan, kFloors[f]));
-            TK(tkvk_decode_plan_cuda(plan, d_lens, nreq, s));
-            CK(cudaStreamSynchronize(s));
-            row.sweep_us[f] = time_graph(dyn_exec, s, false);
-        }
-    }
-    tkvk__decode_tune(0);
-    /* the CTA kernel, with its own plan (the grid follows the kernel's occupancy); its output
-     * goes to d_out2 and is compared below */
-    auto time_kernel = [&](int which) {
+    /* the CTA kernel (or another setting), with its own plan (the grid follows the kernel's
+     * occupancy); its output goes to d_out2 */
+    auto time_kernel = [&](int which, int warps) {
         tkvk__decode_kernel(which);
+        tkvk__decode_warps_per_sm(warps);
         tkvk_decode_plan *kp;
         cudaGraphExec_t kexec;
         TK(tkvk_decode_plan_create(&kp, nreq, hkv, (hq / hkv) * q_len, D));
@@ -363,9 +356,30 @@ static Row run(const BenchCase &bc, int hq, int hkv, int q_len, cudaStream_t s)
         CK(cudaGraphExecDestroy(kexec));
         tkvk_decode_plan_destroy(kp);
         tkvk__decode_kernel(TKVK__DEC_AUTO);
+        tkvk__decode_warps_per_sm(0);
         return us;
     };
-    row.cta = time_kernel(TKVK__DEC_CTA);
+    /* floors: re-plan outside the graph, which reads whatever map is there; combine: a new
+     * graph for each choice; warps: a new plan for each */
+    for (int f = 0; f < 4; f++) {
+        const int v = sweep_values()[f];
+        if (g_sweep == SWEEP_COMBINE) {
+            tkvk__decode_tune(v);
+            cudaGraphExec_t exec = attend_graph();
+            row.sweep_us[f] = time_graph(exec, s, false);
+            CK(cudaGraphExecDestroy(exec));
+        } else if (g_sweep == SWEEP_WARPS) {
+            row.sweep_us[f] = time_kernel(TKVK__DEC_AUTO, v);
+        } else {
+            TK(tkvk_decode_plan_set_min_tiles(plan, v));
+            TK(tkvk_decode_plan_cuda(plan, d_lens, nreq, s));
+            CK(cudaStreamSynchronize(s));
+            row.sweep_us[f] = time_graph(dyn_exec, s, false);
+        }
+    }
+    tkvk__decode_tune(0);
+    row.m16 = (hq / hkv) * q_len <= 8 ? time_kernel(TKVK__DEC_WARP_M16, 0) : -1;
+    row.cta = time_kernel(TKVK__DEC_CTA, 0);
     /* dynamic, static and the CTA kernel must agree (all replayed on the same inputs) */
     std::vector<uint16_t> o_cta(qn);
     CK(cudaMemcpy(o_cta.data(), d_out2, qn * 2, cudaMemcpyDeviceToHost));
@@ -415,7 +429,9 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--qlen") && i + 1 < argc)
             only_qlen = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--combine"))
-            g_combine_sweep = true;
+            g_sweep = SWEEP_COMBINE;
+        else if (!strcmp(argv[i], "--warps"))
+            g_sweep = SWEEP_WARPS;
         else if (!strcmp(argv[i], "--quick")) {
             g_reps = 11;
             g_warm = 2;
@@ -431,8 +447,8 @@ int main(int argc, char **argv)
                 peer.append(buf, n);
             fclose(f);
         } else {
-            fprintf(stderr, "usage: decode_bench [--json] [--peer FILE] [--quick] [--combine] "
-                            "[--case NAME] [--hq N] [--qlen N]\n");
+            fprintf(stderr, "usage: decode_bench [--json] [--peer FILE] [--quick] "
+                            "[--combine | --warps] [--case NAME] [--hq N] [--qlen N]\n");
             return 2;
         }
     }
@@ -454,10 +470,10 @@ int main(int argc, char **argv)
             "# D 128, P 64, FP8 KV per-tensor, FP8 Q per-token-head; us = median of %d graph "
             "replays\n",
             g_reps);
-    fprintf(tab, "%-18s %5s %2s %8s %8s %8s %8s %8s %6s %6s %6s %7s %6s %6s %8s %8s %27s\n",
+    fprintf(tab, "%-18s %5s %2s %8s %8s %8s %8s %8s %6s %6s %6s %7s %6s %6s %8s %8s %8s %27s\n",
             "case", "heads", "q", "dyn_us", "stat_us", "dynL2f", "plan_us", "step_us", "hbm",
-            "xstat", "anchor", "xanchor", "fi_us", "xfi", "maxdiff", "cta_us",
-            g_combine_sweep ? "combine K 1/4/8/16 us" : "floor 1/2/4/8 us");
+            "xstat", "anchor", "xanchor", "fi_us", "xfi", "maxdiff", "cta_us", "m16_us",
+            kSweepLabel[g_sweep]);
     std::vector<Row> rows;
     const int heads[2][2] = {{8, 1}, {64, 8}};
     for (int qi = 0; qi < 2; qi++)
@@ -477,11 +493,11 @@ int main(int argc, char **argv)
                 snprintf(xfi_s, sizeof xfi_s, r.peer > 0 ? "%.2f" : "-", r.peer / r.dyn);
                 fprintf(tab,
                         "%-18s %5s %2d %8.1f %8.1f %8.1f %8.1f %8.1f %6.2f %6.2f %6s %7s %6s %6s "
-                        "%8.1e %8.1f %6.1f/%6.1f/%6.1f/%6.1f\n",
+                        "%8.1e %8.1f %8.1f %6.1f/%6.1f/%6.1f/%6.1f\n",
                         r.name.c_str(), heads_s, r.q_len, r.dyn, r.stat, r.dyn_flushed, r.plan,
                         r.step, r.hbm_fraction, r.stat / r.dyn, anchor_s, xa_s, fi_s, xfi_s,
-                        r.max_diff, r.cta, r.sweep_us[0], r.sweep_us[1], r.sweep_us[2],
-                        r.sweep_us[3]);
+                        r.max_diff, r.cta, r.m16, r.sweep_us[0], r.sweep_us[1],
+                        r.sweep_us[2], r.sweep_us[3]);
                 fflush(tab);
                 rows.push_back(r);
             }
@@ -500,11 +516,12 @@ int main(int argc, char **argv)
                    "\"dynamic_flushed_us\": %.2f, \"static_flushed_us\": %.2f, \"plan_us\": %.2f, "
                    "\"step_us\": %.2f, \"hbm_fraction\": %.3f, \"copy_rate_gbs\": %.1f, "
                    "\"dyn_vs_static_max_abs_diff\": %.3g, \"dynamic_cta_kernel_us\": %.2f, "
+                   "\"dynamic_m16_us\": %.2f, "
                    "\"%s\": {\"%d\": %.2f, \"%d\": %.2f, \"%d\": %.2f, \"%d\": %.2f}}%s\n",
                    r.name.c_str(), r.hq, r.hkv, r.q_len, r.kv_bytes, r.dyn, r.stat, fi,
                    r.dyn_flushed, r.stat_flushed, r.plan, r.step, r.hbm_fraction, rate / 1e9,
-                   r.max_diff, r.cta,
-                   g_combine_sweep ? "dynamic_combine_warps_us" : "dynamic_floor_us", sv[0],
+                   r.max_diff, r.cta, r.m16,
+                   kSweepKey[g_sweep], sv[0],
                    r.sweep_us[0], sv[1], r.sweep_us[1], sv[2], r.sweep_us[2], sv[3],
                    r.sweep_us[3], i + 1 < rows.size() ? "," : "");
         }

@@ -13,7 +13,8 @@
  *            (cp.async, 2-4 stages deep, prefetching across task boundaries); at the end of a
  *            task it writes the partial O (normalised, f32) and its base-2 LSE.
  *   combine  merges each (request, KV head, row)'s partials with the global softmax and
- *            writes BF16 O and the LSE: 4 CTAs per row for few rows, K warps per row for many.
+ *            writes BF16 O and the LSE: K warps per row, and for few rows the head dim cut in
+ *            S slices on separate CTAs, K x S chosen from the row count.
  * Kernels are chained with programmatic dependent launch: each triggers its dependents as it
  * starts and waits (griddepcontrol.wait, which returns when the previous kernel has finished
  * and its writes are visible) before its first memory access, so the next kernel's CTAs are
@@ -190,6 +191,25 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel)
     uint32_t r;
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
     return r;
+}
+
+/* One 32-bit word (4 e4m3 dims) of V from each of 4 token rows (x0, x1: tokens t, t + 1; x2,
+ * x3: t + 8, t + 9) as f16x2 token pairs, exact: b[u][0] = (x0, x1) at dim u, b[u][1] = (x2, x3)
+ * at dim u. They are P.V's B fragments where V is the mma's B operand, and its A fragments where
+ * V^T is the A operand. */
+__device__ __forceinline__ void e4m3_token_pairs(uint32_t x0, uint32_t x1, uint32_t x2,
+                                                 uint32_t x3, uint32_t (&b)[4][2])
+{
+    const uint32_t lo01 = prmt(x0, x1, 0x5140), hi01 = prmt(x0, x1, 0x7362);
+    const uint32_t lo23 = prmt(x2, x3, 0x5140), hi23 = prmt(x2, x3, 0x7362);
+    b[0][0] = e4m3x2_to_f16x2(lo01 & 0xffffu);
+    b[0][1] = e4m3x2_to_f16x2(lo23 & 0xffffu);
+    b[1][0] = e4m3x2_to_f16x2(lo01 >> 16);
+    b[1][1] = e4m3x2_to_f16x2(lo23 >> 16);
+    b[2][0] = e4m3x2_to_f16x2(hi01 & 0xffffu);
+    b[2][1] = e4m3x2_to_f16x2(hi23 & 0xffffu);
+    b[3][0] = e4m3x2_to_f16x2(hi01 >> 16);
+    b[3][1] = e4m3x2_to_f16x2(hi23 >> 16);
 }
 
 template <bool F16> __device__ __forceinline__ uint32_t pack2(float lo, float hi)
@@ -900,13 +920,12 @@ template <int D, bool FP8KV, int NW, bool Q8 = false> struct Attend {
     {
         if (FP8KV) {
             /* bytes: x = d0 d1 d2 d3 of one token; pair tokens per dim */
-            uint32_t lo01 = prmt(x0, x1, 0x5140), hi01 = prmt(x0, x1, 0x7362);
-            uint32_t lo23 = prmt(x2, x3, 0x5140), hi23 = prmt(x2, x3, 0x7362);
+            uint32_t b[4][2];
+            e4m3_token_pairs(x0, x1, x2, x3, b);
             int nb = wv * 4;
-            mma16816<true>(o[nb + 0], pa, e4m3x2_to_f16x2(lo01 & 0xffffu), e4m3x2_to_f16x2(lo23 & 0xffffu));
-            mma16816<true>(o[nb + 1], pa, e4m3x2_to_f16x2(lo01 >> 16), e4m3x2_to_f16x2(lo23 >> 16));
-            mma16816<true>(o[nb + 2], pa, e4m3x2_to_f16x2(hi01 & 0xffffu), e4m3x2_to_f16x2(hi23 & 0xffffu));
-            mma16816<true>(o[nb + 3], pa, e4m3x2_to_f16x2(hi01 >> 16), e4m3x2_to_f16x2(hi23 >> 16));
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                mma16816<true>(o[nb + u], pa, b[u][0], b[u][1]);
         } else {
             int nb = wv * 2;
             mma16816<false>(o[nb + 0], pa, prmt(x0, x1, 0x5410), prmt(x2, x3, 0x5410));
@@ -1012,18 +1031,40 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 2 : 1) dec_attend_kernel(co
  * Warp-worker attention (FP8 Q over FP8 KV, up to 32 query rows): the fast path
  * ========================================================================================== */
 
+/* A lane's V for one k16 step of P.V in the warp-worker kernel: bytes off..off + 15 (+ 7 for an
+ * 8-byte slice) of token rows r0, r0 + 1, r0 + 8, r0 + 9 of a stage, as 4 words per row. */
+template <int kRowBytes, int kSliceBytes>
+__device__ __forceinline__ void load_v_slice(const uint8_t *sV, int r0, int off,
+                                             uint32_t (&x)[4][4])
+{
+#pragma unroll
+    for (int rr = 0; rr < 4; rr++) {
+        const uint8_t *a = sV + v_addr<kRowBytes>(r0 + (rr & 1) + 8 * (rr >> 1), off);
+        if (kSliceBytes == 8) {
+            uint2 w = lds64(a);
+            x[rr][0] = w.x;
+            x[rr][1] = w.y;
+            x[rr][2] = x[rr][3] = 0u;
+        } else {
+            uint4 w = lds128(a);
+            x[rr][0] = w.x;
+            x[rr][1] = w.y;
+            x[rr][2] = w.z;
+            x[rr][3] = w.w;
+        }
+    }
+}
+
 /* Every warp is a worker with its own bin of the task map and its own ring of shared-memory
  * stages, each one 32-token chunk of K and V (and their in-page K scales): no barrier between
  * warps, no merge inside the CTA, and the fixed work of a chunk (copies, softmax update) is
  * paid once per 32 tokens by one warp instead of once per 16 tokens by each of four. A CTA is
- * one warp, so the resident count follows registers and shared memory alone (8 per SM at
- * D = 128).
- * MT m-tiles of 16 rows share every K and V fragment: Q.K as e4m3 mma straight from the cached
- * bytes, P.V as f16 mma with V converted in registers (exact), as in Attend. */
-template <int D, int MT, bool kLo8 = false> struct WarpAttend {
-    static_assert(!kLo8 || MT == 1, "rows <= 8 is one m-tile");
-    /* kLo8: at most 8 rows, so the m-tile's rows 8..15 are padding: their softmax is skipped */
-    static constexpr int kHalves = kLo8 ? 1 : 2;
+ * one warp, so the resident count follows registers and shared memory alone.
+ * The arithmetic of a chunk is a policy (M below): WarpMathM16 puts the query rows on the
+ * mma's M side (m-tiles of 16 rows, any count up to 32); WarpMathT, for at most 8 rows, puts
+ * the tokens and the head dims there and the rows on the N side (8), so no mma carries padding
+ * rows. */
+template <int D, class M> struct WarpAttend {
     using S = Shape<D, true>;
     static constexpr int kChunk = 32;                          /* tokens per stage */
     /* two stages: one chunk in flight while one is computed. Measured on an H200 against
@@ -1033,7 +1074,6 @@ template <int D, int MT, bool kLo8 = false> struct WarpAttend {
     static constexpr int kStageBytes = 2 * kHalfBytes + kChunk * 4;
     static constexpr int kRowStep = 32 / S::kChunks;           /* rows between a lane's copies */
     static constexpr int kRowsPerLane = kChunk / kRowStep;
-    static constexpr int kNB = S::kNBlocks;
 
     static constexpr size_t smem_bytes() { return (size_t)kStages * kStageBytes; }
 
@@ -1209,30 +1249,14 @@ template <int D, int MT, bool kLo8 = false> struct WarpAttend {
             cp_async_commit();
         }
 
-        uint32_t qa[MT][D / 32][4];
-        float o[MT][kNB][4];
-        float m_run[MT][2], l_run[MT][2], rowmul[MT][2];
-        int lim[MT][2];
+        typename M::State ms;
         float v_mul = 1.0f;
         bool fresh = true;
         for (int i = 0;; i++) {
             if (fresh) {
                 /* start of a task: queries into registers, state reset */
                 v_mul = p.per_token_head ? p.v_head_scales[cc.kvh] : p.v_scale;
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    load_q(p, cc.req, cc.kvh, mt * 16 + g, c, cc.len, qa[mt], rowmul[mt], lim[mt]);
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        m_run[mt][h] = -INFINITY;
-                        l_run[mt][h] = 0.0f;
-                    }
-#pragma unroll
-                    for (int nb = 0; nb < kNB; nb++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++)
-                            o[mt][nb][e] = 0.0f;
-                }
+                M::start(p, cc.req, cc.kvh, cc.len, g, c, ms);
                 fresh = false;
             }
             /* the queries above are in flight while the chunk is awaited */
@@ -1244,22 +1268,62 @@ template <int D, int MT, bool kLo8 = false> struct WarpAttend {
 
             const int st = i % kStages;
             const uint8_t *stage = smem + st * kStageBytes;
-            compute(p, stage, reinterpret_cast<const float *>(stage + 2 * kHalfBytes), cc.chunk,
-                    g, c, qa, rowmul, lim, m_run, l_run, o);
+            M::compute(p, stage, stage + kHalfBytes,
+                       reinterpret_cast<const float *>(stage + 2 * kHalfBytes), cc.chunk * kChunk,
+                       g, c, ms);
 
             if (cc.chunk + 1 == cc.end) {
                 /* end of a task: the partial O (normalised, f32) and its LSE */
                 int pidx = p.static_splits ? first : first + cc.task;
                 if (p.direct && cc.whole)
-                    finalize_out(p, cc.req, cc.kvh, R, g, c, v_mul, m_run, l_run, o);
+                    M::finalize_out(p, cc.req, cc.kvh, g, c, v_mul, ms);
                 else
-                    finalize(p, pidx, R, g, c, v_mul, m_run, l_run, o);
+                    M::finalize(p, pidx, g, c, v_mul, ms);
                 fresh = true;
             }
             if (!advance(cc))
                 break;
         }
         cp_async_wait<0>();
+    }
+};
+
+/* The query rows on the mma's M side: MT m-tiles of 16 rows share every K and V fragment; Q.K
+ * as e4m3 mma straight from the cached bytes (on sm_90 carried out as f16 HMMA with the B
+ * operand converted), P.V as f16 mma with V converted in registers (exact), as in Attend. */
+template <int D, int MT, bool kLo8 = false> struct WarpMathM16 {
+    static_assert(!kLo8 || MT == 1, "rows <= 8 is one m-tile");
+    /* kLo8: at most 8 rows, so the m-tile's rows 8..15 are padding: their softmax is skipped */
+    static constexpr int kHalves = kLo8 ? 1 : 2;
+    using S = Shape<D, true>;
+    static constexpr int kChunk = 32;
+    static constexpr int kNB = S::kNBlocks;
+
+    struct State {
+        uint32_t qa[MT][D / 32][4];
+        float o[MT][kNB][4];
+        float m_run[MT][2], l_run[MT][2], rowmul[MT][2];
+        int lim[MT][2];
+    };
+
+    /* start of a task: queries into registers, state reset */
+    static __device__ __forceinline__ void start(const DecParams &p, int req, int kvh,
+                                                 int32_t len, int g, int c, State &st)
+    {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            load_q(p, req, kvh, mt * 16 + g, c, len, st.qa[mt], st.rowmul[mt], st.lim[mt]);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                st.m_run[mt][h] = -INFINITY;
+                st.l_run[mt][h] = 0.0f;
+            }
+#pragma unroll
+            for (int nb = 0; nb < kNB; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    st.o[mt][nb][e] = 0.0f;
+        }
     }
 
     /* Rows row0 and row0 + 8 of one m-tile: A fragments in the k order of compute() (as
@@ -1291,15 +1355,16 @@ template <int D, int MT, bool kLo8 = false> struct WarpAttend {
     }
 
     /* One 32-token chunk for every m-tile: scores (e4m3 mma), online softmax (base 2), P.V. */
-    static __device__ __forceinline__ void compute(const DecParams &p, const uint8_t *stage,
-                                                   const float *sKs, int chunk, int g, int c,
-                                                   const uint32_t (&qa)[MT][D / 32][4],
-                                                   const float (&rowmul)[MT][2],
-                                                   const int (&lim)[MT][2], float (&m_run)[MT][2],
-                                                   float (&l_run)[MT][2],
-                                                   float (&o)[MT][kNB][4])
+    static __device__ __forceinline__ void compute(const DecParams &p, const uint8_t *sK,
+                                                   const uint8_t *sV, const float *sKs, int pos0,
+                                                   int g, int c, State &st)
     {
-        const uint8_t *sK = stage, *sV = stage + kHalfBytes;
+        const auto &qa = st.qa;
+        const auto &rowmul = st.rowmul;
+        const auto &lim = st.lim;
+        auto &m_run = st.m_run;
+        auto &l_run = st.l_run;
+        auto &o = st.o;
         float sc[MT][4][4];
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
@@ -1322,7 +1387,6 @@ template <int D, int MT, bool kLo8 = false> struct WarpAttend {
                 }
             }
         }
-        const int pos0 = chunk * kChunk;
         uint32_t pa[MT][2][4];
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
@@ -1396,34 +1460,11 @@ template <int D, int MT, bool kLo8 = false> struct WarpAttend {
 #pragma unroll
             for (int piece = 0; piece < (S::kSliceBytes + 15) / 16; piece++) {
                 uint32_t x[4][4];
-#pragma unroll
-                for (int rr = 0; rr < 4; rr++) {
-                    int row = r0 + (rr & 1) + 8 * (rr >> 1);
-                    const uint8_t *a = sV + v_addr<S::kRowBytes>(row, slice + piece * 16);
-                    if (S::kSliceBytes == 8) {
-                        uint2 w = lds64(a);
-                        x[rr][0] = w.x;
-                        x[rr][1] = w.y;
-                        x[rr][2] = x[rr][3] = 0u;
-                    } else {
-                        uint4 w = lds128(a);
-                        x[rr][0] = w.x;
-                        x[rr][1] = w.y;
-                        x[rr][2] = w.z;
-                        x[rr][3] = w.w;
-                    }
-                }
+                load_v_slice<S::kRowBytes, S::kSliceBytes>(sV, r0, slice + piece * 16, x);
 #pragma unroll
                 for (int wv = 0; wv < (S::kSliceBytes == 8 ? 2 : 4); wv++) {
-                    uint32_t lo01 = prmt(x[0][wv], x[1][wv], 0x5140);
-                    uint32_t hi01 = prmt(x[0][wv], x[1][wv], 0x7362);
-                    uint32_t lo23 = prmt(x[2][wv], x[3][wv], 0x5140);
-                    uint32_t hi23 = prmt(x[2][wv], x[3][wv], 0x7362);
-                    uint32_t b[4][2] = {
-                        {e4m3x2_to_f16x2(lo01 & 0xffffu), e4m3x2_to_f16x2(lo23 & 0xffffu)},
-                        {e4m3x2_to_f16x2(lo01 >> 16), e4m3x2_to_f16x2(lo23 >> 16)},
-                        {e4m3x2_to_f16x2(hi01 & 0xffffu), e4m3x2_to_f16x2(hi23 & 0xffffu)},
-                        {e4m3x2_to_f16x2(hi01 >> 16), e4m3x2_to_f16x2(hi23 >> 16)}};
+                    uint32_t b[4][2];
+                    e4m3_token_pairs(x[0][wv], x[1][wv], x[2][wv], x[3][wv], b);
                     int nb = (piece * 4 + wv) * 4;
 #pragma unroll
                     for (int mt = 0; mt < MT; mt++)
@@ -1436,18 +1477,14 @@ template <int D, int MT, bool kLo8 = false> struct WarpAttend {
     }
 
 
-    /* the pair's only task: BF16 O and the LSE straight to the outputs (defined below) */
-    static __device__ void finalize_out(const DecParams &p, int req, int kvh, int R, int g,
-                                        int c, float v_mul, const float (&m_run)[MT][2],
-                                        const float (&l_run)[MT][2],
-                                        const float (&o)[MT][kNB][4]);
-
-    static __device__ __forceinline__ void finalize(const DecParams &p, int pidx, int R, int g,
-                                                    int c, float v_mul,
-                                                    const float (&m_run)[MT][2],
-                                                    const float (&l_run)[MT][2],
-                                                    const float (&o)[MT][kNB][4])
+    /* end of a task: the partial O (normalised, f32) and its LSE */
+    static __device__ __forceinline__ void finalize(const DecParams &p, int pidx, int g, int c,
+                                                    float v_mul, const State &st)
     {
+        const int R = p.rows;
+        const auto &m_run = st.m_run;
+        const auto &l_run = st.l_run;
+        const auto &o = st.o;
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -1473,50 +1510,285 @@ template <int D, int MT, bool kLo8 = false> struct WarpAttend {
                         l > 0.0f ? m_run[mt][h] + log2f(l) : -INFINITY;
             }
     }
+
+    /* the pair's only task: BF16 O and the LSE straight to the outputs */
+    static __device__ __forceinline__ void finalize_out(const DecParams &p, int req, int kvh,
+                                                        int g, int c, float v_mul, const State &st)
+    {
+        const int R = p.rows;
+        const auto &m_run = st.m_run;
+        const auto &l_run = st.l_run;
+        const auto &o = st.o;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int h = 0; h < kHalves; h++) {
+                float l = quad_sum(l_run[mt][h]);
+                int r = mt * 16 + g + 8 * h;
+                if (r >= R)
+                    continue;
+                float inv = l > 0.0f ? v_mul / l : 0.0f;
+                size_t oi = row_index(p, req, kvh, r);
+                uint16_t *dst = p.out + oi * D;
+                /* dims 2c * D/8 + nb and (2c + 1) * D/8 + nb: two runs of D/8 values, 16 bytes a
+                 * store */
+#pragma unroll
+                for (int half = 0; half < 2; half++)
+#pragma unroll
+                    for (int nb = 0; nb < kNB; nb += 8) {
+                        uint32_t w[4];
+#pragma unroll
+                        for (int k = 0; k < 4; k++)
+                            w[k] = tkvk_bf16x2_from_float2(
+                                o[mt][nb + 2 * k][2 * h + half] * inv,
+                                o[mt][nb + 2 * k + 1][2 * h + half] * inv);
+                        *reinterpret_cast<uint4 *>(dst + (2 * c + half) * (D / 8) + nb) =
+                            make_uint4(w[0], w[1], w[2], w[3]);
+                    }
+                if (p.lse && c == 0)
+                    p.lse[oi] = l > 0.0f ? m_run[mt][h] + log2f(l) : -INFINITY;
+            }
+    }
 };
 
-template <int D, int MT, bool kLo8>
-__device__ void WarpAttend<D, MT, kLo8>::finalize_out(
-    const DecParams &p, int req, int kvh, int R, int g, int c, float v_mul,
-    const float (&m_run)[MT][2], const float (&l_run)[MT][2], const float (&o)[MT][kNB][4])
-{
+/* At most 8 query rows (a GQA group of 8 at one query token, the common decode shape): the
+ * rows on the mma's N side (n = 8), tokens and head dims on M, so no mma carries padding rows
+ * and the accumulators hold only real values (half of WarpMathM16's mma and registers).
+ *   scores  S^T = K Q^T: m16n8k32 e4m3, A = 16 tokens x 32 dims of K straight from the cached
+ *           bytes (the k order permuted as in WarpMathM16, so a lane's K fragment is 16
+ *           consecutive bytes of its token row), B = the lane's query row g (loaded once).
+ *   softmax a lane holds rows 2c, 2c + 1 of tokens g, g + 8 of each m-tile; a row's max is
+ *           reduced across the 8 lanes of its c (xor 4, 8, 16).
+ *   P.V     O^T = V^T P^T: m16n8k16 f16, A = V converted in registers (pairs of tokens per
+ *           register, as the B operand of WarpMathM16), B = P^T, moved into the B layout by
+ *           movmatrix (the score accumulator of 8 tokens x 8 rows, transposed).
+ * M-row g of m-tile mt of O^T is head dim g * D/8 + 2 mt, m-row g + 8 is the next dim, so a
+ * lane ends with D/8 consecutive dims of its two rows. */
+template <int D> struct WarpMathT {
+    using S = Shape<D, true>;
+    static constexpr int kChunk = 32;
+    static constexpr int kMT = D / 16;       /* m-tiles of O^T */
+    static constexpr int kSlice = S::kSliceBytes; /* = D / 8 dims a lane ends with */
+
+    struct State {
+        uint32_t qb[D / 32][2];
+        float o[kMT][4];
+        float m_run[2], l_run[2], rowmul[2];
+        int lim[2];
+    };
+
+    static __device__ __forceinline__ uint32_t trans8x8(uint32_t x)
+    {
+        uint32_t r;
+        asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(x));
+        return r;
+    }
+
+    static __device__ __forceinline__ void start(const DecParams &p, int req, int kvh,
+                                                 int32_t len, int g, int c, State &st)
+    {
+        const int R = p.rows;
+        const float kmul = p.per_token_head ? 1.0f : p.k_scale;
+        /* B fragments: query row g, k order of WarpMathM16::load_q */
+        {
+            const bool valid = g < R;
+            const size_t qi = row_index(p, req, kvh, valid ? g : 0);
+            const uint8_t *q = static_cast<const uint8_t *>(p.q) + qi * D;
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++)
+            for (int s = 0; s < D / 32; s++) {
+                int dim = 16 * (c + 4 * (s / 2)) + 8 * (s % 2);
+                uint2 w = valid ? *reinterpret_cast<const uint2 *>(q + dim) : make_uint2(0, 0);
+                st.qb[s][0] = w.x;
+                st.qb[s][1] = w.y;
+            }
+        }
+        /* this lane's score columns: rows 2c and 2c + 1 */
 #pragma unroll
-        for (int h = 0; h < kHalves; h++) {
-            float l = quad_sum(l_run[mt][h]);
-            int r = mt * 16 + g + 8 * h;
+        for (int j = 0; j < 2; j++) {
+            int r = 2 * c + j;
+            bool valid = r < R;
+            size_t qi = row_index(p, req, kvh, valid ? r : 0);
+            st.lim[j] = valid ? len - p.q_len + r / p.group + 1 : 0x7fffffff;
+            st.rowmul[j] = valid ? p.score_scale * p.q_scales[qi] * kmul : 0.0f;
+            st.m_run[j] = -INFINITY;
+            st.l_run[j] = 0.0f;
+        }
+#pragma unroll
+        for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                st.o[mt][e] = 0.0f;
+    }
+
+    static __device__ __forceinline__ void compute(const DecParams &p, const uint8_t *sK,
+                                                   const uint8_t *sV, const float *sKs, int pos0,
+                                                   int g, int c, State &st)
+    {
+        /* scores: sc[qt][e] = S^T[token 16 qt + g + 8 (e >> 1)][row 2c + (e & 1)] */
+        float sc[2][4];
+#pragma unroll
+        for (int qt = 0; qt < 2; qt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                sc[qt][e] = 0.0f;
+            const int ra = 16 * qt + g, rb = ra + 8;
+            const uint8_t *ka_row = sK + ra * S::kRowBytes, *kb_row = sK + rb * S::kRowBytes;
+#pragma unroll
+            for (int pp = 0; pp < S::kChunks / 4; pp++) {
+                uint4 ka = lds128(ka_row + (((c + 4 * pp) ^ swz_k<S::kChunks>(ra)) * 16));
+                uint4 kb = lds128(kb_row + (((c + 4 * pp) ^ swz_k<S::kChunks>(rb)) * 16));
+                const uint32_t a0[4] = {ka.x, kb.x, ka.y, kb.y};
+                const uint32_t a1[4] = {ka.z, kb.z, ka.w, kb.w};
+                mma16832_e4m3(sc[qt], a0, st.qb[2 * pp][0], st.qb[2 * pp][1]);
+                mma16832_e4m3(sc[qt], a1, st.qb[2 * pp + 1][0], st.qb[2 * pp + 1][1]);
+            }
+        }
+        /* online softmax (base 2) per row */
+        const bool need_mask = pos0 + kChunk > min(st.lim[0], st.lim[1]);
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int qt = 0; qt < 2; qt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int j = e & 1, tok = 16 * qt + g + 8 * (e >> 1);
+                float v = sc[qt][e] * st.rowmul[j];
+                if (p.per_token_head)
+                    v *= sKs[tok];
+                if (need_mask)
+                    v = pos0 + tok < st.lim[j] ? v : -INFINITY;
+                sc[qt][e] = v;
+                mx[j] = fmaxf(mx[j], v);
+            }
+        float alpha[2], m_use[2];
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            float m = mx[j];
+#pragma unroll
+            for (int o = 4; o < 32; o <<= 1)
+                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+            const float m_new = fmaxf(st.m_run[j], m);
+            m_use[j] = m_new == -INFINITY ? 0.0f : m_new;
+            alpha[j] = fast_exp2(st.m_run[j] - m_use[j]);
+            st.m_run[j] = m_new;
+        }
+        float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int qt = 0; qt < 2; qt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float pe = fast_exp2(sc[qt][e] - m_use[e & 1]);
+                sc[qt][e] = pe;
+                rs[e & 1] += pe;
+            }
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            st.l_run[j] = st.l_run[j] * alpha[j] + rs[j];
+        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+            for (int mt = 0; mt < kMT; mt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    st.o[mt][e] *= alpha[e & 1];
+        }
+        /* P^T as B fragments: pb[ks] = P[row g][tokens 16 ks + 2c, +1 | 16 ks + 8 + 2c, +1] */
+        uint32_t pb[2][2];
+#pragma unroll
+        for (int qt = 0; qt < 2; qt++) {
+            pb[qt][0] = trans8x8(pack2<true>(sc[qt][0], sc[qt][1]));
+            pb[qt][1] = trans8x8(pack2<true>(sc[qt][2], sc[qt][3]));
+        }
+        /* P.V: k16 step ks covers tokens 16 ks..16 ks + 15; a lane reads its 1/8 slice of
+         * token rows 2c, 2c + 1, 2c + 8, 2c + 9 and pairs their bytes per dim */
+#pragma unroll
+        for (int ks = 0; ks < 2; ks++) {
+            const int r0 = 16 * ks + 2 * c, slice = g * kSlice;
+#pragma unroll
+            for (int piece = 0; piece < (kSlice + 15) / 16; piece++) {
+                uint32_t x[4][4];
+                load_v_slice<S::kRowBytes, kSlice>(sV, r0, slice + piece * 16, x);
+#pragma unroll
+                for (int wv = 0; wv < (kSlice == 8 ? 2 : 4); wv++) {
+                    /* dims 4 wv .. 4 wv + 3 of the piece: m-rows g, g + 8 of m-tiles mt, mt + 1 */
+                    uint32_t b[4][2];
+                    e4m3_token_pairs(x[0][wv], x[1][wv], x[2][wv], x[3][wv], b);
+                    const uint32_t aa[4] = {b[0][0], b[1][0], b[0][1], b[1][1]};
+                    const uint32_t ab[4] = {b[2][0], b[3][0], b[2][1], b[3][1]};
+                    const int mt = piece * 8 + 2 * wv;
+                    mma16816<true>(st.o[mt], aa, pb[ks][0], pb[ks][1]);
+                    mma16816<true>(st.o[mt + 1], ab, pb[ks][0], pb[ks][1]);
+                }
+            }
+        }
+    }
+
+    /* row 2c + j's sum over the 8 lanes of its c; dims of m-tile mt: o[mt][j] is dim
+     * g * D/8 + 2 mt, o[mt][2 + j] the next */
+    static __device__ __forceinline__ float row_sum(float l)
+    {
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1)
+            l += __shfl_xor_sync(0xffffffffu, l, o);
+        return l;
+    }
+
+    static __device__ __forceinline__ void finalize(const DecParams &p, int pidx, int g, int c,
+                                                    float v_mul, const State &st)
+    {
+        const int R = p.rows;
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const float l = row_sum(st.l_run[j]);
+            const int r = 2 * c + j;
             if (r >= R)
                 continue;
-            float inv = l > 0.0f ? v_mul / l : 0.0f;
-            size_t oi = row_index(p, req, kvh, r);
-            uint16_t *dst = p.out + oi * D;
-            /* dims 2c * D/8 + nb and (2c + 1) * D/8 + nb: two runs of D/8 values, 16 bytes a
-             * store */
+            const float inv = l > 0.0f ? v_mul / l : 0.0f;
+            float *dst = p.part_o + ((size_t)pidx * R + r) * D + g * kSlice;
 #pragma unroll
-            for (int half = 0; half < 2; half++)
-#pragma unroll
-                for (int nb = 0; nb < kNB; nb += 8) {
-                    uint32_t w[4];
-#pragma unroll
-                    for (int k = 0; k < 4; k++)
-                        w[k] = tkvk_bf16x2_from_float2(o[mt][nb + 2 * k][2 * h + half] * inv,
-                                                       o[mt][nb + 2 * k + 1][2 * h + half] * inv);
-                    *reinterpret_cast<uint4 *>(dst + (2 * c + half) * (D / 8) + nb) =
-                        make_uint4(w[0], w[1], w[2], w[3]);
-                }
-            if (p.lse && c == 0)
-                p.lse[oi] = l > 0.0f ? m_run[mt][h] + log2f(l) : -INFINITY;
+            for (int q = 0; q < kMT / 2; q++)
+                *reinterpret_cast<float4 *>(dst + 4 * q) =
+                    make_float4(st.o[2 * q][j] * inv, st.o[2 * q][2 + j] * inv,
+                                st.o[2 * q + 1][j] * inv, st.o[2 * q + 1][2 + j] * inv);
+            if (g == 0)
+                p.part_lse[(size_t)pidx * R + r] = l > 0.0f ? st.m_run[j] + log2f(l) : -INFINITY;
         }
-}
+    }
 
-template <int D, int MT, bool kLo8>
+    static __device__ __forceinline__ void finalize_out(const DecParams &p, int req, int kvh,
+                                                        int g, int c, float v_mul, const State &st)
+    {
+        const int R = p.rows;
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const float l = row_sum(st.l_run[j]);
+            const int r = 2 * c + j;
+            if (r >= R)
+                continue;
+            const float inv = l > 0.0f ? v_mul / l : 0.0f;
+            const size_t oi = row_index(p, req, kvh, r);
+            uint16_t *dst = p.out + oi * D + g * kSlice;
+#pragma unroll
+            for (int q = 0; q < kMT / 4; q++) {
+                uint32_t w[4];
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const int mt = 4 * q + k;
+                    w[k] = tkvk_bf16x2_from_float2(st.o[mt][j] * inv, st.o[mt][2 + j] * inv);
+                }
+                *reinterpret_cast<uint4 *>(dst + 8 * q) = make_uint4(w[0], w[1], w[2], w[3]);
+            }
+            if (p.lse && g == 0)
+                p.lse[oi] = l > 0.0f ? st.m_run[j] + log2f(l) : -INFINITY;
+        }
+    }
+};
+
+template <int D, class M>
 __global__ void __launch_bounds__(32) dec_warp_kernel(const DecParams p)
 {
     extern __shared__ __align__(128) uint8_t dec_smem[];
     pdl_wait();
     pdl_trigger();
-    WarpAttend<D, MT, kLo8>::run(p, dec_smem);
+    WarpAttend<D, M>::run(p, dec_smem);
 }
 
 /* ============================================================================================
@@ -1533,46 +1805,6 @@ struct CombineParams {
     float *lse;
 };
 
-/* For few rows (at most one per SM): CTAs of kThreads per (pair, row, slice of kSlices).
- * A long request split over hundreds of workers has hundreds of
- * partials per row, so the work per partial is kept to one load and four FMAs: the LSEs are
- * read once (into shared memory, up to kMaxW of them) for the global max, turned into weights
- * there, and then thread (group, quad) sums 4 dims of every kGroups-th partial, its loads
- * issued in batches before any is used; the groups are added in shared memory at the end. */
-constexpr int kCombineMaxW = 2048;
-
-template <int kThreads> __device__ __forceinline__ float block_max(float x, float *red)
-{
-#pragma unroll
-    for (int o = 16; o; o >>= 1)
-        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-    if ((threadIdx.x & 31) == 0)
-        red[threadIdx.x >> 5] = x;
-    __syncthreads();
-    x = red[0];
-#pragma unroll
-    for (int w = 1; w < kThreads / 32; w++)
-        x = fmaxf(x, red[w]);
-    __syncthreads(); /* red is reused */
-    return x;
-}
-
-template <int kThreads> __device__ __forceinline__ float block_sum(float x, float *red)
-{
-#pragma unroll
-    for (int o = 16; o; o >>= 1)
-        x += __shfl_xor_sync(0xffffffffu, x, o);
-    if ((threadIdx.x & 31) == 0)
-        red[threadIdx.x >> 5] = x;
-    __syncthreads();
-    x = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kThreads / 32; w++)
-        x += red[w];
-    __syncthreads();
-    return x;
-}
-
 /* The partials of a pair: first slot and count. */
 __device__ __forceinline__ void combine_pair(const CombineParams &p, int pair, int &first,
                                              int &count)
@@ -1586,22 +1818,30 @@ __device__ __forceinline__ void combine_pair(const CombineParams &p, int pair, i
     }
 }
 
-/* For many rows (more than SMs): K warps per (pair, row), max(8, K) warps per CTA, K chosen by
- * the launcher so that all rows' warps fit in one wave. Warp k of a row merges
- * partials k, k + K, ... (its lanes read 32 LSEs at a time; each lane sums D / 32 dims of every
- * partial, loads batched by the unrolled loop), then the row's K results are merged through
- * shared memory. No block-wide reductions per row, and a CTA's launch serves 8 / K rows. */
-template <int D, int K>
-__global__ void __launch_bounds__(K > 8 ? 32 * K : 256) dec_combine_warp_kernel(const CombineParams p)
+/* K warps per (pair, row, slice of D / S dims), max(8, K) warps per CTA, grid.y = S slices;
+ * K and S chosen by the launcher from the row count (a long request's rows, with hundreds of
+ * partials, are spread over K x S warps on S CTAs, with no merge across CTAs: each slice is a
+ * separate output). Warp k of a row merges partials k, k + K, ... in batches: every load of a
+ * batch (one LSE per lane, and each lane's D / 32 / S dims of every partial) is issued before
+ * any is used, so a batch costs one round trip to L2, and the batches merge online (running
+ * max, rescaled sums), so no pass over the LSEs comes first. Then the row's K results are
+ * merged through shared memory. No block-wide reductions per row, and a CTA's launch serves
+ * 8 / K rows. Registers are held to 64 (32 of them the batch's loads), so that four
+ * 256-thread or two 512-thread CTAs fit an SM. */
+template <int D, int K, int S>
+__global__ void __launch_bounds__(K > 8 ? 32 * K : 256, K > 8 ? 2 : 4)
+    dec_combine_warp_kernel(const CombineParams p)
 {
-    constexpr int V = D / 32, kWarps = K > 8 ? K : 8, kRows = kWarps / K;
-    __shared__ float s_acc[K > 1 ? kWarps : 1][D];
+    static_assert(D / 32 / S >= 1, "a lane takes at least one dim");
+    constexpr int V = D / 32 / S, kWarps = K > 8 ? K : 8, kRows = kWarps / K;
+    constexpr int kBatch = 32 / V < 32 ? 32 / V : 32; /* 32 registers of loads */
+    __shared__ float s_acc[K > 1 ? kWarps : 1][D / S];
     __shared__ float s_m[kWarps], s_w[kWarps];
     pdl_wait();
     pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = warp % K;
     const int64_t item = (int64_t)blockIdx.x * kRows + warp / K;
-    const int R = p.rows;
+    const int R = p.rows, dim0 = blockIdx.y * (D / S) + lane * V;
     int pair = 0, r = 0, first = 0, count = 0;
     if (item < (int64_t)p.num_pairs * R) {
         pair = (int)(item / R);
@@ -1612,43 +1852,54 @@ __global__ void __launch_bounds__(K > 8 ? 32 * K : 256) dec_combine_warp_kernel(
     const bool skip = item >= (int64_t)p.num_pairs * R || (p.direct && count == 1);
     const int mine = skip ? 0 : (count - sub + K - 1) / K; /* partials sub + K j */
     const float *lse = p.part_lse + (size_t)first * R + r;
-    float mx = -INFINITY;
-    for (int j = lane; j < mine; j += 32)
-        mx = fmaxf(mx, lse[(size_t)(sub + K * j) * R]);
-#pragma unroll
-    for (int o = 16; o; o >>= 1)
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    const float *src = p.part_o + ((size_t)(first + sub) * R + r) * D + dim0;
+    float mx = -INFINITY, ws = 0.0f; /* ws: this lane's partials' weights, at scale mx */
     float acc[V];
 #pragma unroll
     for (int v = 0; v < V; v++)
         acc[v] = 0.0f;
-    float ws = 0.0f;
-    for (int j0 = 0; j0 < mine; j0 += 32) {
-        float w = 0.0f;
-        if (j0 + lane < mine) {
-            float li = lse[(size_t)(sub + K * (j0 + lane)) * R];
-            w = li == -INFINITY ? 0.0f : exp2f(li - mx);
-        }
-        ws += w;
-        const int n = min(32, mine - j0);
-        const float *src = p.part_o + ((size_t)(first + sub + K * j0) * R + r) * D + lane * V;
-#pragma unroll 8
-        for (int j = 0; j < n; j++) {
-            const float wj = __shfl_sync(0xffffffffu, w, j);
-            const float *at = src + (size_t)j * K * R * D;
-            if (V == 2) {
-                float2 x = *reinterpret_cast<const float2 *>(at);
-                acc[0] = fmaf(wj, x.x, acc[0]);
-                acc[1] = fmaf(wj, x.y, acc[1]);
+    for (int j0 = 0; j0 < mine; j0 += kBatch) {
+        const int n = min(kBatch, mine - j0);
+        const float li = lane < n ? lse[(size_t)(sub + K * (j0 + lane)) * R] : -INFINITY;
+        float x[kBatch][V];
+#pragma unroll
+        for (int j = 0; j < kBatch; j++) {
+            const float *at = src + (size_t)(j0 + j) * K * R * D;
+            if (V == 1) {
+                x[j][0] = j < n ? *at : 0.0f;
             } else {
 #pragma unroll
-                for (int v = 0; v < V; v += 4) {
-                    float4 x = *reinterpret_cast<const float4 *>(at + v);
-                    acc[v] = fmaf(wj, x.x, acc[v]);
-                    acc[v + 1] = fmaf(wj, x.y, acc[v + 1]);
-                    acc[v + 2] = fmaf(wj, x.z, acc[v + 2]);
-                    acc[v + 3] = fmaf(wj, x.w, acc[v + 3]);
+                for (int v = 0; v < V; v += 2) {
+                    float2 t = j < n ? *reinterpret_cast<const float2 *>(at + v)
+                                     : make_float2(0.0f, 0.0f);
+                    x[j][v] = t.x;
+                    x[j][v + 1] = t.y;
                 }
+            }
+        }
+        float bm = li;
+#pragma unroll
+        for (int o = 16; o; o >>= 1)
+            bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, o));
+        const float m_new = fmaxf(mx, bm);
+        if (m_new == -INFINITY)
+            continue; /* nothing but empty splits so far (warp-uniform) */
+        const float alpha = exp2f(mx - m_new); /* 0 while mx is -inf */
+        ws *= alpha;
+#pragma unroll
+        for (int v = 0; v < V; v++)
+            acc[v] *= alpha;
+        mx = m_new;
+        /* an empty split's LSE is -inf and its O was never written: weight 0, not used */
+        const float w = li == -INFINITY ? 0.0f : exp2f(li - mx);
+        ws += w;
+#pragma unroll
+        for (int j = 0; j < kBatch; j++) {
+            const float wj = __shfl_sync(0xffffffffu, w, j);
+            if (j < n && wj > 0.0f) {
+#pragma unroll
+                for (int v = 0; v < V; v++)
+                    acc[v] = fmaf(wj, x[j][v], acc[v]);
             }
         }
     }
@@ -1691,103 +1942,18 @@ __global__ void __launch_bounds__(K > 8 ? 32 * K : 256) dec_combine_warp_kernel(
     const float inv = ws > 0.0f ? 1.0f / ws : 0.0f;
     const int req = pair / p.num_kv_heads, kvh = pair % p.num_kv_heads;
     const size_t oi = row_index(p, req, kvh, r);
-    uint16_t *dst = p.out + oi * D + lane * V;
+    uint16_t *dst = p.out + oi * D + dim0;
+    if (V == 1) {
+        dst[0] = tkvk_bf16_from_float_dev(acc[0] * inv);
+    } else {
 #pragma unroll
-    for (int v = 0; v < V; v += 2)
-        *reinterpret_cast<uint32_t *>(dst + v) =
-            tkvk_bf16x2_from_float2(acc[v] * inv, acc[v + 1] * inv);
-    if (p.lse && lane == 0)
+        for (int v = 0; v < V; v += 2)
+            *reinterpret_cast<uint32_t *>(dst + v) =
+                tkvk_bf16x2_from_float2(acc[v] * inv, acc[v + 1] * inv);
+    }
+    if (p.lse && lane == 0 && blockIdx.y == 0)
         p.lse[oi] = ws > 0.0f ? mx + log2f(ws) : -INFINITY;
 }
-
-template <int D, int kThreads, int kSlices>
-__global__ void __launch_bounds__(kThreads) dec_combine_kernel(const CombineParams p)
-{
-    /* CTA (pair, row, slice) sums D / kSlices dims of the row */
-    constexpr int kQuads = D / 4 / kSlices, kGroups = kThreads / kQuads;
-    __shared__ float s_w[kCombineMaxW];
-    __shared__ float red[kThreads / 32];
-    __shared__ float4 part[kGroups][kQuads];
-    pdl_wait();
-    pdl_trigger();
-    const int pair = blockIdx.x, r = blockIdx.y, tid = threadIdx.x;
-    const int req = pair / p.num_kv_heads, kvh = pair % p.num_kv_heads;
-    int first, count;
-    combine_pair(p, pair, first, count);
-    if (p.direct && count == 1)
-        return;
-    const float *lse = p.part_lse + (size_t)first * p.rows + r;
-    /* the LSEs (an empty split's is -inf and its O was never written: weight 0) */
-    float mx = -INFINITY;
-    for (int i = tid; i < count; i += kThreads) {
-        float li = lse[(size_t)i * p.rows];
-        if (i < kCombineMaxW)
-            s_w[i] = li;
-        mx = fmaxf(mx, li);
-    }
-    mx = block_max<kThreads>(mx, red);
-    float ws = 0.0f;
-    if (mx != -INFINITY)
-        for (int i = tid; i < count; i += kThreads) {
-            float li = i < kCombineMaxW ? s_w[i] : lse[(size_t)i * p.rows];
-            float w = li == -INFINITY ? 0.0f : exp2f(li - mx);
-            if (i < kCombineMaxW)
-                s_w[i] = w;
-            ws += w;
-        }
-    ws = block_sum<kThreads>(ws, red); /* its barrier also publishes s_w */
-    const int quad = tid % kQuads + blockIdx.z * kQuads, grp = tid / kQuads;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    constexpr int kBatch = 8;
-    if (mx != -INFINITY)
-        for (int i0 = grp; i0 < count; i0 += kBatch * kGroups) {
-            float4 v[kBatch];
-#pragma unroll
-            for (int u = 0; u < kBatch; u++) {
-                int i = i0 + u * kGroups;
-                size_t at = (size_t)(first + (i < count ? i : 0)) * p.rows + r;
-                v[u] = *reinterpret_cast<const float4 *>(p.part_o + at * D + quad * 4);
-            }
-#pragma unroll
-            for (int u = 0; u < kBatch; u++) {
-                int i = i0 + u * kGroups;
-                float w = 0.0f;
-                if (i < count) {
-                    if (i < kCombineMaxW) {
-                        w = s_w[i];
-                    } else {
-                        float li = lse[(size_t)i * p.rows];
-                        w = li == -INFINITY ? 0.0f : exp2f(li - mx);
-                    }
-                }
-                if (w > 0.0f) {
-                    acc.x = fmaf(w, v[u].x, acc.x);
-                    acc.y = fmaf(w, v[u].y, acc.y);
-                    acc.z = fmaf(w, v[u].z, acc.z);
-                    acc.w = fmaf(w, v[u].w, acc.w);
-                }
-            }
-        }
-    part[grp][tid % kQuads] = acc;
-    __syncthreads();
-    if (grp == 0) {
-        for (int k = 1; k < kGroups; k++) {
-            float4 b = part[k][tid % kQuads];
-            acc.x += b.x;
-            acc.y += b.y;
-            acc.z += b.z;
-            acc.w += b.w;
-        }
-        float inv = ws > 0.0f ? 1.0f / ws : 0.0f;
-        size_t oi = row_index(p, req, kvh, r);
-        uint2 packed = make_uint2(tkvk_bf16x2_from_float2(acc.x * inv, acc.y * inv),
-                                  tkvk_bf16x2_from_float2(acc.z * inv, acc.w * inv));
-        *reinterpret_cast<uint2 *>(p.out + oi * D + quad * 4) = packed;
-        if (p.lse && quad == 0)
-            p.lse[oi] = ws > 0.0f ? mx + log2f(ws) : -INFINITY;
-    }
-}
-
 
 __global__ void dec_merge_kernel(const uint16_t *o_a, const float *lse_a, const uint16_t *o_b,
                                  const float *lse_b, int num_rows, int head_dim, uint16_t *out,
@@ -1843,17 +2009,32 @@ struct AttendVariant {
     int threads;
 };
 
-template <int D, int MT, bool kLo8 = false> AttendVariant warp_variant()
+template <int D, class M> AttendVariant warp_variant()
 {
-    return AttendVariant{dec_warp_kernel<D, MT, kLo8>, WarpAttend<D, MT, kLo8>::smem_bytes(), 32};
+    return AttendVariant{dec_warp_kernel<D, M>, WarpAttend<D, M>::smem_bytes(), 32};
+}
+template <int D> AttendVariant warp_variant_rows(int rows, int which)
+{
+    if (rows <= 8)
+        return which == TKVK__DEC_WARP_M16 ? warp_variant<D, WarpMathM16<D, 1, true>>()
+                                           : warp_variant<D, WarpMathT<D>>();
+    if (rows <= 16 || D > 128)
+        return warp_variant<D, WarpMathM16<D, 1>>();
+    return warp_variant<D, WarpMathM16<D, (D > 128 ? 1 : 2)>>();
 }
 
 /* Set by tkvk__decode_kernel() (benchmarks): TKVK__DEC_* for plans made and steps launched
  * while it is set. */
 int g_kernel = TKVK__DEC_AUTO;
-/* Set by tkvk__decode_tune() (benchmarks, tests): warps per row of the combine for more rows
- * than SMs, 1..16; 0 the launcher's choice. */
+/* Set by tkvk__decode_tune() (benchmarks, tests): the combine's shape; 0 the launcher's
+ * choice. */
 int g_combine = 0;
+/* Set by tkvk__decode_warps_per_sm() (benchmarks): resident warps per SM of the warp-worker
+ * kernel in plans made from now on; 0 kWarpWorkersPerSm, -1 as many as fit. */
+int g_warps_per_sm = 0;
+/* Eight: measured on an H200 against 9, 10 and as many as fit (13 for WarpMathT at D = 128,
+ * which leaves L1 28 KB), eight was as fast or faster on every benchmark case (docs/perf.md). */
+constexpr int kWarpWorkersPerSm = 8;
 
 /* FP8 Q over FP8 KV with up to 16 rows (32 at D <= 128) runs the warp-worker kernel; every
  * other combination the CTA kernel with 4 warps (8 past 64 rows). */
@@ -1861,13 +2042,11 @@ AttendVariant pick_variant(int head_dim, bool fp8, int rows, bool q8, int which)
 {
     if (fp8 && q8 && which != TKVK__DEC_CTA && (rows <= 16 || (rows <= 32 && head_dim <= 128))) {
         if (head_dim == 64)
-            return rows > 16 ? warp_variant<64, 2>()
-                   : rows > 8 ? warp_variant<64, 1>() : warp_variant<64, 1, true>();
+            return warp_variant_rows<64>(rows, which);
         if (head_dim == 128)
-            return rows > 16 ? warp_variant<128, 2>()
-                   : rows > 8 ? warp_variant<128, 1>() : warp_variant<128, 1, true>();
+            return warp_variant_rows<128>(rows, which);
         if (head_dim == 256)
-            return rows > 8 ? warp_variant<256, 1>() : warp_variant<256, 1, true>();
+            return warp_variant_rows<256>(rows, which);
     }
     bool wide = rows > 64;
 #define TKVK_DEC_V(D_, F_, Q_)                                                                   \
@@ -1939,7 +2118,7 @@ static int dec_set_smem_limits_now(void)
 {
     static const int dims[3] = {64, 128, 256};
     static const int row_counts[5] = {8, 16, 32, 64, 128};
-    for (int which = TKVK__DEC_AUTO; which <= TKVK__DEC_CTA; which++)
+    for (int which = TKVK__DEC_AUTO; which <= TKVK__DEC_WARP_M16; which++)
         for (int i = 0; i < 3; i++)
             for (int f = 0; f < 2; f++)
                 for (int ri = 0; ri < 5; ri++)
@@ -1977,7 +2156,7 @@ extern "C" int tkvk_decode_plan_create(tkvk_decode_plan **out, int max_requests,
     tkvk_decode_plan *pl = (tkvk_decode_plan *)calloc(1, sizeof *pl);
     if (!pl)
         return tkvk__fail(TKVK_EINVAL, "decode_plan_create: out of memory");
-    int rc = TKVK_OK, occ = 0;
+    int rc = TKVK_OK, occ = 0, warps = 0;
     size_t pairs = (size_t)max_requests * num_kv_heads;
     AttendVariant v = pick_variant(head_dim, true, max_rows, true, g_kernel);
     cudaError_t e;
@@ -1995,7 +2174,22 @@ extern "C" int tkvk_decode_plan_create(tkvk_decode_plan **out, int max_requests,
     rc = dec_set_smem_limits();
     if (rc)
         goto fail;
+    if (v.threads == 32) {
+        /* the warp-worker kernel: at most g_warps_per_sm resident warps, by a shared-memory
+         * carve-out that holds that many and leaves the rest of the SM's memory to L1 */
+        int carve = cudaSharedmemCarveoutDefault, smem_sm = 0;
+        warps = g_warps_per_sm ? g_warps_per_sm : kWarpWorkersPerSm;
+        DEC_TRY(cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor,
+                                       pl->device));
+        if (warps > 0 && smem_sm > 0)
+            carve = (int)((warps * (v.smem + 1024) * 100 + smem_sm - 1) / smem_sm);
+        DEC_TRY(cudaFuncSetAttribute((const void *)v.fn,
+                                     cudaFuncAttributePreferredSharedMemoryCarveout,
+                                     carve > 100 ? 100 : carve));
+    }
     DEC_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, v.fn, v.threads, v.smem));
+    if (warps > 0 && occ > warps)
+        occ = warps;
     if (occ < 1)
         occ = 1;
     pl->grid = pl->num_sms * occ;
@@ -2173,33 +2367,50 @@ static int dec_fill_params(const tkvk_decode_plan *pl, const tkvk_decode_args *a
     return TKVK_OK;
 }
 
+template <int D, int S>
+static cudaError_t launch_combine_k(const CombineParams &cp, int64_t rows, int k, cudaStream_t s)
+{
+    const int per_cta = k > 8 ? 1 : 8 / k;
+    const dim3 grid((unsigned)((rows + per_cta - 1) / per_cta), S);
+    switch (k) {
+    case 1: return launch_pdl(dec_combine_warp_kernel<D, 1, S>, grid, dim3(256), 0, s, cp);
+    case 2: return launch_pdl(dec_combine_warp_kernel<D, 2, S>, grid, dim3(256), 0, s, cp);
+    case 4: return launch_pdl(dec_combine_warp_kernel<D, 4, S>, grid, dim3(256), 0, s, cp);
+    case 8: return launch_pdl(dec_combine_warp_kernel<D, 8, S>, grid, dim3(256), 0, s, cp);
+    default: return launch_pdl(dec_combine_warp_kernel<D, 16, S>, grid, dim3(512), 0, s, cp);
+    }
+}
+
+template <int D>
+static cudaError_t launch_combine_ks(const CombineParams &cp, int64_t rows, int k, int sl,
+                                    cudaStream_t s)
+{
+    if (sl >= 4 && D >= 128)
+        return launch_combine_k<D, D >= 128 ? 4 : 1>(cp, rows, k, s);
+    if (sl >= 2)
+        return launch_combine_k<D, 2>(cp, rows, k, s);
+    return launch_combine_k<D, 1>(cp, rows, k, s);
+}
+
 template <int D>
 static cudaError_t dec_launch_combine(const CombineParams &cp, int pairs, int num_sms,
                                       cudaStream_t s)
 {
-    /* Few rows (a handful of requests, perhaps one split hundreds of ways): 4 CTAs of 512
-     * threads per row, a quarter of its dims each, so a long request's partials are read by
-     * many SMs. More rows: K warps per row, K the largest of 16, 8, .. 1 whose warps fill half
-     * a wave (32 per SM): measured best at 256, 512, 1024 and 4096 rows (docs/perf.md; more
-     * warps pay for long requests' rows, fewer for uniform batches' few partials). A CTA per
-     * row there (the previous choice) spent 9-12 us on launches and block-wide reductions. */
+    /* K warps per row, K the largest of 16, 8, .. 1 whose warps fill half a wave (32 per SM):
+     * measured best at 256, 512, 1024 and 4096 rows (docs/perf.md; more warps pay for long
+     * requests' rows, fewer for uniform batches' few partials). A CTA per row (an earlier
+     * choice) spent 9-12 us on launches and block-wide reductions. */
     int64_t rows = (int64_t)pairs * cp.rows;
-    if (rows <= num_sms)
-        return launch_pdl(dec_combine_kernel<D, 512, 4>, dim3(pairs, cp.rows, 4), dim3(512), 0,
-                          s, cp);
-    int k = g_combine;
-    if (k <= 0)
-        for (k = 16; k > 1 && (int64_t)k * rows > 32LL * num_sms; k >>= 1) {
-        }
-    const int per_cta = k > 8 ? 1 : 8 / k;
-    const dim3 grid((unsigned)((rows + per_cta - 1) / per_cta));
-    switch (k) {
-    case 1: return launch_pdl(dec_combine_warp_kernel<D, 1>, grid, dim3(256), 0, s, cp);
-    case 2: return launch_pdl(dec_combine_warp_kernel<D, 2>, grid, dim3(256), 0, s, cp);
-    case 4: return launch_pdl(dec_combine_warp_kernel<D, 4>, grid, dim3(256), 0, s, cp);
-    case 8: return launch_pdl(dec_combine_warp_kernel<D, 8>, grid, dim3(256), 0, s, cp);
-    default: return launch_pdl(dec_combine_warp_kernel<D, 16>, grid, dim3(512), 0, s, cp);
+    int k = g_combine % 100, sl = g_combine / 100;
+    if (g_combine == 0) {
+        /* K x S the largest power of two up to 16 x D / 32 whose warps fill half a wave */
+        int ks = 16 * (D / 32 < 4 ? D / 32 : 4);
+        while (ks > 1 && (int64_t)ks * rows > 32LL * num_sms)
+            ks >>= 1;
+        k = ks < 16 ? ks : 16;
+        sl = ks / k;
     }
+    return launch_combine_ks<D>(cp, rows, k, sl ? sl : 1, s);
 }
 
 static int dec_combine(const tkvk_decode_plan *pl, const tkvk_decode_args *a, const DecParams &p,
@@ -2302,6 +2513,11 @@ extern "C" void tkvk__decode_kernel(int which)
 extern "C" void tkvk__decode_tune(int combine)
 {
     g_combine = combine;
+}
+
+extern "C" void tkvk__decode_warps_per_sm(int warps)
+{
+    g_warps_per_sm = warps;
 }
 
 extern "C" int tkvk_merge_states_cuda(const uint16_t *o_a, const float *lse_a,

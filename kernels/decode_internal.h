@@ -39,12 +39,18 @@ int tkvk__decode_static_splits(int num_pairs, int max_kv_len, int grid);
  * steps launched from now on use, so that they can be timed side by side in one run. A plan
  * must be used with the setting it was made with.
  *   AUTO   the launcher's choice (the warp-worker kernel where it applies)
- *   CTA    the CTA kernel for every shape */
-enum { TKVK__DEC_AUTO = 0, TKVK__DEC_CTA = 1 };
+ *   CTA    the CTA kernel for every shape
+ *   WARP_M16  for at most 8 rows, the warp-worker kernel with the rows on the mma's M side
+ *          (padded to 16) instead of its N side */
+enum { TKVK__DEC_AUTO = 0, TKVK__DEC_CTA = 1, TKVK__DEC_WARP_M16 = 2 };
 void tkvk__decode_kernel(int which);
-/* Benchmarks and tests: warps per row (1, 2, 4, 8, 16) of the combine for more rows than SMs
- * in steps launched from now on; 0 the launcher's choice. */
+/* Benchmarks and tests: the combine's shape in steps launched from now on: K + 100 * S for K
+ * warps per row (1, 2, 4, 8, 16) over S slices of the head dim (1, 2, 4; up to D / 32);
+ * 0 the launcher's choice. */
 void tkvk__decode_tune(int combine);
+/* Benchmarks: resident warps per SM of the warp-worker kernel in plans made from now on (a
+ * shared-memory carve-out that holds that many); 0 the launcher's choice, -1 as many as fit. */
+void tkvk__decode_warps_per_sm(int warps);
 
 #ifdef __cplusplus
 }

@@ -697,6 +697,17 @@ int main(void)
                   2, gq[i][0], gq[i][1], {4097, 0, 1, 63, 64, 65, 300 + rnd_int(2500)}};
         run_case(c, s, false);
     }
+    /* At most 8 rows through the warp-worker kernel's other layout (rows on the mma's M side,
+     * the benchmark's m16 column): head dims x scale modes x pages, rows 8, 8 and 2. */
+    tkvk__decode_kernel(TKVK__DEC_WARP_M16);
+    static const int gq8[4][2] = {{8, 1}, {1, 8}, {2, 1}, {4, 2}};
+    for (int i = 0; i < 4; i++) {
+        int P = pages[i];
+        Case c = {dims[i % 3], P, TKVK_DTYPE_FP8_E4M3,
+                  i % 2 ? TKVK_SCALE_PER_TOKEN_HEAD : TKVK_SCALE_PER_TENSOR, TKVK_DTYPE_FP8_E4M3,
+                  2, gq8[i][0], gq8[i][1], {P + 1, 0, 1, 31, 32, 33, 4097, 300 + rnd_int(2500)}};
+        run_case(c, s, false);
+    }
     tkvk__decode_kernel(TKVK__DEC_AUTO);
     /* The benchmark's shapes, with 128K in the batch. */
     {
@@ -708,13 +719,17 @@ int main(void)
         c.lens = {131072, 1, 64, 65, 4096, 2, 3};
         run_case(c, s, true);
     }
-    /* Every warps-per-row choice of the combine for many rows (the launcher picks one by the
-     * row count): 24 pairs x 32 rows, one of them 128K long, and empty and one-tile pairs. */
-    for (int k = 1; k <= 16; k *= 2) {
-        tkvk__decode_tune(k);
-        Case c = {k == 16 ? 64 : 128, 64, TKVK_DTYPE_FP8_E4M3, TKVK_SCALE_PER_TENSOR,
+    /* Every warps-per-row choice of the combine and its dim slices (the launcher picks them
+     * by the row count): 24 pairs x 32 rows, one of them 128K long, and empty and one-tile
+     * pairs. {K, slices, head dim}. */
+    const int combines[][3] = {{1, 1, 128}, {2, 1, 128}, {4, 1, 128},  {8, 1, 128},
+                               {16, 1, 64}, {16, 2, 64}, {16, 4, 128}, {4, 4, 256},
+                               {16, 2, 256}};
+    for (const auto &cb : combines) {
+        tkvk__decode_tune(cb[0] + 100 * cb[1]);
+        Case c = {cb[2], 64, TKVK_DTYPE_FP8_E4M3, TKVK_SCALE_PER_TENSOR,
                   TKVK_DTYPE_FP8_E4M3, 3, 8, 4, {131072, 0, 1, 65, 4096, 3000, 200, 64}};
-        printf("combine with %d warps per row:\n", k);
+        printf("combine with %d warps per row, %d slices, head dim %d:\n", cb[0], cb[1], cb[2]);
         run_case(c, s, false);
     }
     tkvk__decode_tune(0);
