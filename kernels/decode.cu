@@ -2385,7 +2385,7 @@ template <int D>
 static cudaError_t launch_combine_ks(const CombineParams &cp, int64_t rows, int k, int sl,
                                     cudaStream_t s)
 {
-    if (sl >= 4 && D >= 128)
+    if (sl >= 4 && D >= 128) /* (a lane takes D / 32 / S >= 1 dims) */
         return launch_combine_k<D, D >= 128 ? 4 : 1>(cp, rows, k, s);
     if (sl >= 2)
         return launch_combine_k<D, 2>(cp, rows, k, s);
@@ -2396,14 +2396,14 @@ template <int D>
 static cudaError_t dec_launch_combine(const CombineParams &cp, int pairs, int num_sms,
                                       cudaStream_t s)
 {
-    /* K warps per row, K the largest of 16, 8, .. 1 whose warps fill half a wave (32 per SM):
-     * measured best at 256, 512, 1024 and 4096 rows (docs/perf.md; more warps pay for long
-     * requests' rows, fewer for uniform batches' few partials). A CTA per row (an earlier
-     * choice) spent 9-12 us on launches and block-wide reductions. */
+    /* K warps per row over S head-dim slices: K x S the largest power of two up to
+     * 16 x min(D / 32, 4) whose warps fill half a wave (32 per SM), K up to 16. Measured best
+     * or within 0.7 us of the best shape from 64 to 4,096 rows (docs/perf.md): more warps pay
+     * for long requests' rows (hundreds of partials), fewer for uniform batches' few. A CTA per
+     * row (an earlier choice) spent 9-12 us on launches and block-wide reductions. */
     int64_t rows = (int64_t)pairs * cp.rows;
     int k = g_combine % 100, sl = g_combine / 100;
     if (g_combine == 0) {
-        /* K x S the largest power of two up to 16 x D / 32 whose warps fill half a wave */
         int ks = 16 * (D / 32 < 4 ? D / 32 : 4);
         while (ks > 1 && (int64_t)ks * rows > 32LL * num_sms)
             ks >>= 1;
