@@ -1276,9 +1276,9 @@ template <int D, class M> struct WarpAttend {
                 /* end of a task: the partial O (normalised, f32) and its LSE */
                 int pidx = p.static_splits ? first : first + cc.task;
                 if (p.direct && cc.whole)
-                    M::finalize_out(p, cc.req, cc.kvh, g, c, v_mul, ms);
+                    M::template finish<true>(p, pidx, cc.req, cc.kvh, g, c, v_mul, ms);
                 else
-                    M::finalize(p, pidx, g, c, v_mul, ms);
+                    M::template finish<false>(p, pidx, cc.req, cc.kvh, g, c, v_mul, ms);
                 fresh = true;
             }
             if (!advance(cc))
@@ -1477,76 +1477,61 @@ template <int D, int MT, bool kLo8 = false> struct WarpMathM16 {
     }
 
 
-    /* end of a task: the partial O (normalised, f32) and its LSE */
-    static __device__ __forceinline__ void finalize(const DecParams &p, int pidx, int g, int c,
-                                                    float v_mul, const State &st)
+    /* end of a task: the partial O (normalised, f32) and its LSE at slot pidx or, kOut (the
+     * pair's only task), BF16 O and the LSE straight to the outputs */
+    template <bool kOut>
+    static __device__ __forceinline__ void finish(const DecParams &p, int pidx, int req, int kvh,
+                                                  int g, int c, float v_mul, const State &st)
     {
         const int R = p.rows;
         const auto &m_run = st.m_run;
-        const auto &l_run = st.l_run;
         const auto &o = st.o;
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int h = 0; h < kHalves; h++) {
-                float l = quad_sum(l_run[mt][h]);
+                float l = quad_sum(st.l_run[mt][h]);
                 int r = mt * 16 + g + 8 * h;
                 if (r >= R)
                     continue;
                 float inv = l > 0.0f ? v_mul / l : 0.0f;
-                float *dst = p.part_o + ((size_t)pidx * R + r) * D;
-                /* dims 2c * D/8 + nb and (2c + 1) * D/8 + nb: two runs of D/8 floats */
+                if (kOut) {
+                    size_t oi = row_index(p, req, kvh, r);
+                    uint16_t *dst = p.out + oi * D;
+                    /* dims 2c * D/8 + nb and (2c + 1) * D/8 + nb: two runs of D/8 values, 16
+                     * bytes a store */
 #pragma unroll
-                for (int nb = 0; nb < kNB; nb += 4) {
-                    *reinterpret_cast<float4 *>(dst + (2 * c) * (D / 8) + nb) =
-                        make_float4(o[mt][nb][2 * h] * inv, o[mt][nb + 1][2 * h] * inv,
-                                    o[mt][nb + 2][2 * h] * inv, o[mt][nb + 3][2 * h] * inv);
-                    *reinterpret_cast<float4 *>(dst + (2 * c + 1) * (D / 8) + nb) =
-                        make_float4(o[mt][nb][2 * h + 1] * inv, o[mt][nb + 1][2 * h + 1] * inv,
-                                    o[mt][nb + 2][2 * h + 1] * inv, o[mt][nb + 3][2 * h + 1] * inv);
-                }
-                if (c == 0)
-                    p.part_lse[(size_t)pidx * R + r] =
-                        l > 0.0f ? m_run[mt][h] + log2f(l) : -INFINITY;
-            }
-    }
-
-    /* the pair's only task: BF16 O and the LSE straight to the outputs */
-    static __device__ __forceinline__ void finalize_out(const DecParams &p, int req, int kvh,
-                                                        int g, int c, float v_mul, const State &st)
-    {
-        const int R = p.rows;
-        const auto &m_run = st.m_run;
-        const auto &l_run = st.l_run;
-        const auto &o = st.o;
+                    for (int half = 0; half < 2; half++)
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++)
+                        for (int nb = 0; nb < kNB; nb += 8) {
+                            uint32_t w[4];
 #pragma unroll
-            for (int h = 0; h < kHalves; h++) {
-                float l = quad_sum(l_run[mt][h]);
-                int r = mt * 16 + g + 8 * h;
-                if (r >= R)
-                    continue;
-                float inv = l > 0.0f ? v_mul / l : 0.0f;
-                size_t oi = row_index(p, req, kvh, r);
-                uint16_t *dst = p.out + oi * D;
-                /* dims 2c * D/8 + nb and (2c + 1) * D/8 + nb: two runs of D/8 values, 16 bytes a
-                 * store */
+                            for (int k = 0; k < 4; k++)
+                                w[k] = tkvk_bf16x2_from_float2(
+                                    o[mt][nb + 2 * k][2 * h + half] * inv,
+                                    o[mt][nb + 2 * k + 1][2 * h + half] * inv);
+                            *reinterpret_cast<uint4 *>(dst + (2 * c + half) * (D / 8) + nb) =
+                                make_uint4(w[0], w[1], w[2], w[3]);
+                        }
+                    if (p.lse && c == 0)
+                        p.lse[oi] = l > 0.0f ? m_run[mt][h] + log2f(l) : -INFINITY;
+                } else {
+                    float *dst = p.part_o + ((size_t)pidx * R + r) * D;
+                    /* dims 2c * D/8 + nb and (2c + 1) * D/8 + nb: two runs of D/8 floats */
 #pragma unroll
-                for (int half = 0; half < 2; half++)
-#pragma unroll
-                    for (int nb = 0; nb < kNB; nb += 8) {
-                        uint32_t w[4];
-#pragma unroll
-                        for (int k = 0; k < 4; k++)
-                            w[k] = tkvk_bf16x2_from_float2(
-                                o[mt][nb + 2 * k][2 * h + half] * inv,
-                                o[mt][nb + 2 * k + 1][2 * h + half] * inv);
-                        *reinterpret_cast<uint4 *>(dst + (2 * c + half) * (D / 8) + nb) =
-                            make_uint4(w[0], w[1], w[2], w[3]);
+                    for (int nb = 0; nb < kNB; nb += 4) {
+                        *reinterpret_cast<float4 *>(dst + (2 * c) * (D / 8) + nb) =
+                            make_float4(o[mt][nb][2 * h] * inv, o[mt][nb + 1][2 * h] * inv,
+                                        o[mt][nb + 2][2 * h] * inv, o[mt][nb + 3][2 * h] * inv);
+                        *reinterpret_cast<float4 *>(dst + (2 * c + 1) * (D / 8) + nb) =
+                            make_float4(o[mt][nb][2 * h + 1] * inv, o[mt][nb + 1][2 * h + 1] * inv,
+                                        o[mt][nb + 2][2 * h + 1] * inv,
+                                        o[mt][nb + 3][2 * h + 1] * inv);
                     }
-                if (p.lse && c == 0)
-                    p.lse[oi] = l > 0.0f ? m_run[mt][h] + log2f(l) : -INFINITY;
+                    if (c == 0)
+                        p.part_lse[(size_t)pidx * R + r] =
+                            l > 0.0f ? m_run[mt][h] + log2f(l) : -INFINITY;
+                }
             }
     }
 };
@@ -1721,8 +1706,7 @@ template <int D> struct WarpMathT {
         }
     }
 
-    /* row 2c + j's sum over the 8 lanes of its c; dims of m-tile mt: o[mt][j] is dim
-     * g * D/8 + 2 mt, o[mt][2 + j] the next */
+    /* row 2c + j's sum over the 8 lanes of its c */
     static __device__ __forceinline__ float row_sum(float l)
     {
 #pragma unroll
@@ -1731,8 +1715,11 @@ template <int D> struct WarpMathT {
         return l;
     }
 
-    static __device__ __forceinline__ void finalize(const DecParams &p, int pidx, int g, int c,
-                                                    float v_mul, const State &st)
+    /* as WarpMathM16::finish; dims of m-tile mt: o[mt][j] is dim g * D/8 + 2 mt of row 2c + j,
+     * o[mt][2 + j] the next */
+    template <bool kOut>
+    static __device__ __forceinline__ void finish(const DecParams &p, int pidx, int req, int kvh,
+                                                  int g, int c, float v_mul, const State &st)
     {
         const int R = p.rows;
 #pragma unroll
@@ -1742,42 +1729,32 @@ template <int D> struct WarpMathT {
             if (r >= R)
                 continue;
             const float inv = l > 0.0f ? v_mul / l : 0.0f;
-            float *dst = p.part_o + ((size_t)pidx * R + r) * D + g * kSlice;
+            if (kOut) {
+                const size_t oi = row_index(p, req, kvh, r);
+                uint16_t *dst = p.out + oi * D + g * kSlice;
 #pragma unroll
-            for (int q = 0; q < kMT / 2; q++)
-                *reinterpret_cast<float4 *>(dst + 4 * q) =
-                    make_float4(st.o[2 * q][j] * inv, st.o[2 * q][2 + j] * inv,
-                                st.o[2 * q + 1][j] * inv, st.o[2 * q + 1][2 + j] * inv);
-            if (g == 0)
-                p.part_lse[(size_t)pidx * R + r] = l > 0.0f ? st.m_run[j] + log2f(l) : -INFINITY;
-        }
-    }
-
-    static __device__ __forceinline__ void finalize_out(const DecParams &p, int req, int kvh,
-                                                        int g, int c, float v_mul, const State &st)
-    {
-        const int R = p.rows;
+                for (int q = 0; q < kMT / 4; q++) {
+                    uint32_t w[4];
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
-            const float l = row_sum(st.l_run[j]);
-            const int r = 2 * c + j;
-            if (r >= R)
-                continue;
-            const float inv = l > 0.0f ? v_mul / l : 0.0f;
-            const size_t oi = row_index(p, req, kvh, r);
-            uint16_t *dst = p.out + oi * D + g * kSlice;
-#pragma unroll
-            for (int q = 0; q < kMT / 4; q++) {
-                uint32_t w[4];
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const int mt = 4 * q + k;
-                    w[k] = tkvk_bf16x2_from_float2(st.o[mt][j] * inv, st.o[mt][2 + j] * inv);
+                    for (int k = 0; k < 4; k++) {
+                        const int mt = 4 * q + k;
+                        w[k] = tkvk_bf16x2_from_float2(st.o[mt][j] * inv, st.o[mt][2 + j] * inv);
+                    }
+                    *reinterpret_cast<uint4 *>(dst + 8 * q) = make_uint4(w[0], w[1], w[2], w[3]);
                 }
-                *reinterpret_cast<uint4 *>(dst + 8 * q) = make_uint4(w[0], w[1], w[2], w[3]);
+                if (p.lse && g == 0)
+                    p.lse[oi] = l > 0.0f ? st.m_run[j] + log2f(l) : -INFINITY;
+            } else {
+                float *dst = p.part_o + ((size_t)pidx * R + r) * D + g * kSlice;
+#pragma unroll
+                for (int q = 0; q < kMT / 2; q++)
+                    *reinterpret_cast<float4 *>(dst + 4 * q) =
+                        make_float4(st.o[2 * q][j] * inv, st.o[2 * q][2 + j] * inv,
+                                    st.o[2 * q + 1][j] * inv, st.o[2 * q + 1][2 + j] * inv);
+                if (g == 0)
+                    p.part_lse[(size_t)pidx * R + r] =
+                        l > 0.0f ? st.m_run[j] + log2f(l) : -INFINITY;
             }
-            if (p.lse && g == 0)
-                p.lse[oi] = l > 0.0f ? st.m_run[j] + log2f(l) : -INFINITY;
         }
     }
 };
