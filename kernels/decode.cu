@@ -1811,7 +1811,7 @@ __global__ void __launch_bounds__(K > 8 ? 32 * K : 256, K > 8 ? 2 : 4)
 {
     static_assert(D / 32 / S >= 1, "a lane takes at least one dim");
     constexpr int V = D / 32 / S, kWarps = K > 8 ? K : 8, kRows = kWarps / K;
-    constexpr int kBatch = 32 / V < 32 ? 32 / V : 32; /* 32 registers of loads */
+    constexpr int kBatch = 32 / V; /* partials per batch: 32 registers of loads */
     __shared__ float s_acc[K > 1 ? kWarps : 1][D / S];
     __shared__ float s_m[kWarps], s_w[kWarps];
     pdl_wait();
