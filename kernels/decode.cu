@@ -1538,7 +1538,7 @@ template <int D, int MT, bool kLo8 = false> struct WarpMathM16 {
 
 /* At most 8 query rows (a GQA group of 8 at one query token, the common decode shape): the
  * rows on the mma's N side (n = 8), tokens and head dims on M, so no mma carries padding rows
- * and the accumulators hold only real values (half of WarpMathM16's mma and registers).
+ * and the accumulators hold only real values (half of WarpMathM16's mma and accumulators).
  *   scores  S^T = K Q^T: m16n8k32 e4m3, A = 16 tokens x 32 dims of K straight from the cached
  *           bytes (the k order permuted as in WarpMathM16, so a lane's K fragment is 16
  *           consecutive bytes of its token row), B = the lane's query row g (loaded once).
