@@ -512,14 +512,6 @@ static int64_t sim_parent(const trace *t, uint64_t e, uint32_t per)
     return ip >= 0 ? ip * (int64_t)per + per - 1 : -1;
 }
 
-/* The store's key fingerprint of a block (storage/store.c, key_fp_of): never 0. */
-static uint64_t sim_key_fp(const tkv_key *k)
-{
-    uint64_t fp;
-    memcpy(&fp, k->b, sizeof(fp));
-    return fp | 1;
-}
-
 /* node_keys: every cache entry's key (replay_keys_build), for the store's key fingerprints. */
 static int run_sim(const trace *t, const tkv_policy_ops *ops, uint64_t trace_capacity,
                    uint32_t block_tokens, double speedup, const tkv_key *node_keys,
@@ -588,7 +580,7 @@ static int run_sim(const trace *t, const tkv_policy_ops *ops, uint64_t trace_cap
                  * before in this chunk), else 0 */
                 int64_t ip = sim_parent(t, nd[j], per);
                 n->pe = (tkv_policy_entry){0};
-                n->pe.key_fp = sim_key_fp(&node_keys[nd[j]]); /* as the store's probe */
+                n->pe.key_fp = tkv_key_fp(&node_keys[nd[j]]); /* as the store's probe */
                 if (ip >= 0 && nodes[ip].present)
                     n->pe.parent = &nodes[ip].pe;
                 if (ip >= 0 && (nodes[ip].present || (j > off && admitted[j - 1 - off])))

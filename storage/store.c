@@ -319,16 +319,6 @@ static tkv_entry *entry_of_pe(tkv_policy_entry *pe, int t)
     return (tkv_entry *)((char *)(pe - t) - offsetof(tkv_entry, pe));
 }
 
-/* The policy's key fingerprint of a block (tkv_policy_entry.key_fp): 8 bytes of its SHA-256
- * chain key, so already uniform; | 1 because 0 means "none". bench/trace_replay --fast gives
- * the same. */
-static uint64_t key_fp_of(const tkv_key *k)
-{
-    uint64_t fp;
-    memcpy(&fp, k->b, sizeof(fp));
-    return fp | 1;
-}
-
 static void cond_init_mono(pthread_cond_t *cv)
 {
     pthread_condattr_t a;
@@ -391,7 +381,7 @@ static void tier_enter(tkv_store *s, tkv_entry *e, int t, uint64_t now_ns)
     tkv_policy_entry *pe = &e->pe[t];
     TKV_ASSERT(!(e->resident & RES(t)));
     memset(pe, 0, sizeof(*pe));
-    pe->key_fp = key_fp_of(&e->key);
+    pe->key_fp = tkv_key_fp(&e->key);
     pe->depth = e->depth;
     pe->pinned = e->pins;
     tkv_entry *p = e->parent;
@@ -1148,7 +1138,7 @@ static bool l2_admit(tkv_store *s, tkv_entry *e, tkv_entry *pe, uint64_t now, bo
     tier *T2 = &s->tiers[TKV_TIER_L2];
     tkv_policy_entry probe = {0};
     probe.depth = e->depth;
-    probe.key_fp = key_fp_of(&e->key);
+    probe.key_fp = tkv_key_fp(&e->key);
     probe.parent = pe && (pe->resident & RES(TKV_TIER_L2)) ? &pe->pe[TKV_TIER_L2] : NULL;
     if (T2->ops->admit(T2->pstate, &probe, now))
         return true;

@@ -14,6 +14,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -55,6 +56,15 @@ void tkv_key_root(const uint8_t fingerprint[TKV_KEY_BYTES], const void *salt, si
  * max_keys) keys to out and returns that count. */
 size_t tkv_key_chain(const tkv_key *root, const uint32_t *tokens, size_t num_tokens,
                      uint32_t block_tokens, tkv_key *out, size_t max_keys);
+
+/* A key's 64-bit fingerprint for the policies (tkv_policy_entry.key_fp): its first 8 bytes,
+ * already uniform (SHA-256 output), | 1 because 0 means "none". */
+static inline uint64_t tkv_key_fp(const tkv_key *k)
+{
+    uint64_t fp;
+    memcpy(&fp, k->b, sizeof(fp));
+    return fp | 1;
+}
 
 /* Lower-case hex, 64 chars + NUL. */
 void tkv_key_hex(const tkv_key *k, char out[2 * TKV_KEY_BYTES + 1]);
