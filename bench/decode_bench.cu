@@ -7,20 +7,25 @@
  *
  * Method: one attention call (attention + combine; the plan computed before) captured in a
  * CUDA graph; 5 warm-up replays; 50 replays, each between its own pair of CUDA events; the
- * median. Again with L2 flushed (a 256 MiB memset between replays, outside the events). The
- * plan alone and plan + attention + combine are timed the same way. hbm_fraction = KV bytes /
+ * median. Dynamic and static take turns in five blocks of 5 warm-up and 10 timed replays each
+ * (a clock drift favours neither; each block replays one graph, as the method has it).
+ * Again with L2 flushed (a 256 MiB memset between replays, outside the events). The plan
+ * alone and plan + attention + combine are timed the same way. hbm_fraction = KV bytes /
  * dynamic time / copy rate, where the copy rate is a 1 GiB device-to-device cudaMemcpy
  * (bytes read + written) measured in the same run.
  *
  * Also timed: the dynamic step through the CTA kernel (what the launcher used before the
  * warp-worker kernel), and the dynamic step with floors of 1, 2, 4 and 8 tiles per worker (or,
- * with --combine, with 1, 4, 8 and 16 warps per row in the combine for many rows).
+ * with --combine, with the launcher's combine shape and 16 warps per row over 1, 2 and 4
+ * slices of the head dim; with --warps, 8, 9, 10 and as many resident warps per SM as fit).
  *
- * Usage: decode_bench [--json] [--peer FILE] [--quick] [--combine] [--case NAME] [--hq N]
- *                     [--qlen N]
+ * Usage: decode_bench [--json] [--peer FILE] [--quick] [--combine | --warps] [--values a,b,c,d]
+ *                     [--case NAME] [--hq N] [--qlen N]
  *   --json   print a JSON list of result objects on stdout (the table goes to stderr)
  *   --peer   FILE: JSON from bench/flashinfer_decode.py; its flashinfer_us joins the rows
  *   --quick  fewer replays (smoke runs)
+ *   --values the sweep's four settings instead of its defaults (floors; with --combine,
+ *            K + 100 S, 0 for the launcher's choice; with --warps, warps per SM, -1 for all)
  *   --case, --hq, --qlen  run only the matching rows (profiling)
  * Exit 77 when no GPU is present.
  */
@@ -101,35 +106,58 @@ static const char *const kSweepLabel[3] = {"floor 1/2/4/8 us", "combine auto/16x
 static const char *const kSweepKey[3] = {"dynamic_floor_us", "dynamic_combine_us",
                                          "dynamic_warps_per_sm_us"};
 
+static int g_values[4]; /* --values: the sweep's four settings instead of kSweep's */
+static bool g_values_set;
 static const int *sweep_values(void)
 {
-    return kSweep[g_sweep];
+    return g_values_set ? g_values : kSweep[g_sweep];
 }
 static void *g_flush;
 static const size_t kFlushBytes = (size_t)256 << 20;
 
-/* Median of g_reps replays of exec, each between its own events; flush: L2 wiped between. */
-static double time_graph(cudaGraphExec_t exec, cudaStream_t s, bool flush)
+/* Medians (us) of g_reps replays of each of n graphs, each replay between its own events;
+ * flush: L2 wiped before each. The graphs take turns in blocks: each block is g_warm warm-up
+ * replays and then consecutive timed replays of one graph (so that it finds the L2 as its own
+ * previous replay left it, as the anchor's method has it), and a clock drift during the
+ * measurement favours none of the graphs. */
+static void time_graphs(const cudaGraphExec_t *exec, int n, cudaStream_t s, bool flush,
+                        double *us)
 {
+    const int blocks = g_reps >= 25 ? 5 : 1;
     cudaEvent_t a, b;
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
-    for (int i = 0; i < g_warm; i++)
-        CK(cudaGraphLaunch(exec, s));
-    std::vector<float> ms(g_reps);
-    for (int i = 0; i < g_reps; i++) {
-        if (flush)
-            CK(cudaMemsetAsync(g_flush, i & 0xff, kFlushBytes, s));
-        CK(cudaEventRecord(a, s));
-        CK(cudaGraphLaunch(exec, s));
-        CK(cudaEventRecord(b, s));
-        CK(cudaEventSynchronize(b));
-        CK(cudaEventElapsedTime(&ms[i], a, b));
-    }
+    std::vector<std::vector<float>> ms(n);
+    for (int blk = 0; blk < blocks; blk++)
+        for (int k = 0; k < n; k++) {
+            for (int i = 0; i < g_warm; i++)
+                CK(cudaGraphLaunch(exec[k], s));
+            const int reps = g_reps / blocks + (blk < g_reps % blocks);
+            for (int i = 0; i < reps; i++) {
+                if (flush)
+                    CK(cudaMemsetAsync(g_flush, i & 0xff, kFlushBytes, s));
+                CK(cudaEventRecord(a, s));
+                CK(cudaGraphLaunch(exec[k], s));
+                CK(cudaEventRecord(b, s));
+                CK(cudaEventSynchronize(b));
+                float t;
+                CK(cudaEventElapsedTime(&t, a, b));
+                ms[k].push_back(t);
+            }
+        }
     CK(cudaEventDestroy(a));
     CK(cudaEventDestroy(b));
-    std::sort(ms.begin(), ms.end());
-    return 1000.0 * ms[g_reps / 2];
+    for (int k = 0; k < n; k++) {
+        std::sort(ms[k].begin(), ms[k].end());
+        us[k] = 1000.0 * ms[k][ms[k].size() / 2];
+    }
+}
+
+static double time_graph(cudaGraphExec_t exec, cudaStream_t s, bool flush)
+{
+    double us;
+    time_graphs(&exec, 1, s, flush, &us);
+    return us;
 }
 
 /* Bytes read + written per second by a large device-to-device copy. */
@@ -328,10 +356,15 @@ static Row run(const BenchCase &bc, int hq, int hkv, int q_len, cudaStream_t s)
     CK(cudaGraphInstantiate(&step_exec, g, 0));
     CK(cudaGraphDestroy(g));
 
-    row.dyn = time_graph(dyn_exec, s, false);
-    row.stat = time_graph(stat_exec, s, false);
-    row.dyn_flushed = time_graph(dyn_exec, s, true);
-    row.stat_flushed = time_graph(stat_exec, s, true);
+    /* dynamic and static side by side, block by block */
+    const cudaGraphExec_t pair[2] = {dyn_exec, stat_exec};
+    double t[2];
+    time_graphs(pair, 2, s, false, t);
+    row.dyn = t[0];
+    row.stat = t[1];
+    time_graphs(pair, 2, s, true, t);
+    row.dyn_flushed = t[0];
+    row.stat_flushed = t[1];
     row.plan = time_graph(plan_exec, s, false);
     row.step = time_graph(step_exec, s, false);
 
@@ -432,6 +465,14 @@ int main(int argc, char **argv)
             g_sweep = SWEEP_COMBINE;
         else if (!strcmp(argv[i], "--warps"))
             g_sweep = SWEEP_WARPS;
+        else if (!strcmp(argv[i], "--values") && i + 1 < argc) {
+            if (sscanf(argv[++i], "%d,%d,%d,%d", &g_values[0], &g_values[1], &g_values[2],
+                       &g_values[3]) != 4) {
+                fprintf(stderr, "decode_bench: --values takes four integers, a,b,c,d\n");
+                return 2;
+            }
+            g_values_set = true;
+        }
         else if (!strcmp(argv[i], "--quick")) {
             g_reps = 11;
             g_warm = 2;
@@ -448,7 +489,8 @@ int main(int argc, char **argv)
             fclose(f);
         } else {
             fprintf(stderr, "usage: decode_bench [--json] [--peer FILE] [--quick] "
-                            "[--combine | --warps] [--case NAME] [--hq N] [--qlen N]\n");
+                            "[--combine | --warps] [--values a,b,c,d] [--case NAME] [--hq N] "
+                            "[--qlen N]\n");
             return 2;
         }
     }
@@ -470,10 +512,14 @@ int main(int argc, char **argv)
             "# D 128, P 64, FP8 KV per-tensor, FP8 Q per-token-head; us = median of %d graph "
             "replays\n",
             g_reps);
+    char label[64];
+    if (g_values_set)
+        snprintf(label, sizeof label, "%s %d/%d/%d/%d", kSweepKey[g_sweep], g_values[0],
+                 g_values[1], g_values[2], g_values[3]);
     fprintf(tab, "%-18s %5s %2s %8s %8s %8s %8s %8s %6s %6s %6s %7s %6s %6s %8s %8s %8s %27s\n",
             "case", "heads", "q", "dyn_us", "stat_us", "dynL2f", "plan_us", "step_us", "hbm",
             "xstat", "anchor", "xanchor", "fi_us", "xfi", "maxdiff", "cta_us", "m16_us",
-            kSweepLabel[g_sweep]);
+            g_values_set ? label : kSweepLabel[g_sweep]);
     std::vector<Row> rows;
     const int heads[2][2] = {{8, 1}, {64, 8}};
     for (int qi = 0; qi < 2; qi++)

@@ -176,14 +176,14 @@ __device__ __forceinline__ uint2 lds64(const void *p)
     return v;
 }
 
-/* Two e4m3 codes (lo in bits 0..7) -> f16x2, exact. */
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two_codes)
+/* Four e4m3 codes -> f16x2 of bytes 0, 1 (lo) and of bytes 2, 3 (hi), exact. Each conversion
+ * reads its half of the word in place, so no mask or shift comes before it. */
+__device__ __forceinline__ void e4m3x4_to_f16x2(uint32_t four, uint32_t &lo, uint32_t &hi)
 {
-    uint32_t r;
-    asm("{ .reg .b16 t; cvt.u16.u32 t, %1; cvt.rn.f16x2.e4m3x2 %0, t; }"
-        : "=r"(r)
-        : "r"(two_codes));
-    return r;
+    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.rn.f16x2.e4m3x2 %0, l; "
+        "cvt.rn.f16x2.e4m3x2 %1, h; }"
+        : "=r"(lo), "=r"(hi)
+        : "r"(four));
 }
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel)
@@ -202,14 +202,10 @@ __device__ __forceinline__ void e4m3_token_pairs(uint32_t x0, uint32_t x1, uint3
 {
     const uint32_t lo01 = prmt(x0, x1, 0x5140), hi01 = prmt(x0, x1, 0x7362);
     const uint32_t lo23 = prmt(x2, x3, 0x5140), hi23 = prmt(x2, x3, 0x7362);
-    b[0][0] = e4m3x2_to_f16x2(lo01 & 0xffffu);
-    b[0][1] = e4m3x2_to_f16x2(lo23 & 0xffffu);
-    b[1][0] = e4m3x2_to_f16x2(lo01 >> 16);
-    b[1][1] = e4m3x2_to_f16x2(lo23 >> 16);
-    b[2][0] = e4m3x2_to_f16x2(hi01 & 0xffffu);
-    b[2][1] = e4m3x2_to_f16x2(hi23 & 0xffffu);
-    b[3][0] = e4m3x2_to_f16x2(hi01 >> 16);
-    b[3][1] = e4m3x2_to_f16x2(hi23 >> 16);
+    e4m3x4_to_f16x2(lo01, b[0][0], b[1][0]);
+    e4m3x4_to_f16x2(lo23, b[0][1], b[1][1]);
+    e4m3x4_to_f16x2(hi01, b[2][0], b[3][0]);
+    e4m3x4_to_f16x2(hi23, b[2][1], b[3][1]);
 }
 
 template <bool F16> __device__ __forceinline__ uint32_t pack2(float lo, float hi)
@@ -721,8 +717,7 @@ template <int D, bool FP8KV, int NW, bool Q8 = false> struct Attend {
                     int dim = S::kChunkElems * (c + 4 * pp) + 4 * u;
                     uint32_t w = valid ? *reinterpret_cast<const uint32_t *>(q + dim) : 0u;
                     if (kF16) {
-                        qa[s][h] = e4m3x2_to_f16x2(w & 0xffffu);
-                        qa[s][h + 2] = e4m3x2_to_f16x2(w >> 16);
+                        e4m3x4_to_f16x2(w, qa[s][h], qa[s][h + 2]);
                     } else {
                         float2 lo = tkvk_fp8x2_to_float2((uint16_t)(w & 0xffffu));
                         float2 hi = tkvk_fp8x2_to_float2((uint16_t)(w >> 16));
@@ -815,8 +810,7 @@ template <int D, bool FP8KV, int NW, bool Q8 = false> struct Attend {
                     for (int u = 0; u < (Q8 ? 0 : S::kStepsPerChunk); u++) {
                         uint32_t b0, b1;
                         if (FP8KV) {
-                            b0 = e4m3x2_to_f16x2(w[u] & 0xffffu);
-                            b1 = e4m3x2_to_f16x2(w[u] >> 16);
+                            e4m3x4_to_f16x2(w[u], b0, b1);
                         } else {
                             b0 = w[2 * u];
                             b1 = w[2 * u + 1];
@@ -1373,17 +1367,41 @@ template <int D, int MT, bool kLo8 = false> struct WarpMathM16 {
 #pragma unroll
                 for (int e = 0; e < 4; e++)
                     sc[mt][nb][e] = 0.0f;
+        /* f16 mma, Q and K converted here: sm_90 has no e4m3 mma.sync, and its emulation
+         * would convert each Q fragment once per n-block and add each k16 half separately.
+         * k16 step (pp, u) takes dims 16 (c + 4 pp) + 4 u .. + 3: word u of K's 16 bytes and
+         * word u % 2 of Q's k32 step 2 pp + u / 2. */
 #pragma unroll
-        for (int nb = 0; nb < 4; nb++) {
-            int row = nb * 8 + g;
-            const uint8_t *krow = sK + row * S::kRowBytes;
+        for (int s2 = 0; s2 < S::kChunks / 2; s2++) {
+            /* k32 step s2 = 2 pp + half: the 8 bytes at 8 half of every n-block's K row, 8
+             * bytes at a time (16 would hold 8 more registers: it spills with two m-tiles) */
+            const int pp = s2 / 2, half = s2 % 2;
+            uint32_t kw[4][2];
 #pragma unroll
-            for (int pp = 0; pp < S::kChunks / 4; pp++) {
-                uint4 kv = lds128(krow + (((c + 4 * pp) ^ swz_k<S::kChunks>(row)) * 16));
+            for (int nb = 0; nb < 4; nb++) {
+                const int row = nb * 8 + g;
+                uint2 kv = lds64(sK + row * S::kRowBytes +
+                                 (((c + 4 * pp) ^ swz_k<S::kChunks>(row)) * 16) + 8 * half);
+                kw[nb][0] = kv.x;
+                kw[nb][1] = kv.y;
+            }
+#pragma unroll
+            for (int u2 = 0; u2 < 2; u2++) {
+                const int u = 2 * half + u2;
+                uint32_t a[MT][4];
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
-                    mma16832_e4m3(sc[mt][nb], qa[mt][2 * pp], kv.x, kv.y);
-                    mma16832_e4m3(sc[mt][nb], qa[mt][2 * pp + 1], kv.z, kv.w);
+                    const uint32_t *q = qa[mt][2 * pp + u / 2];
+                    e4m3x4_to_f16x2(q[2 * (u % 2)], a[mt][0], a[mt][2]);
+                    e4m3x4_to_f16x2(q[2 * (u % 2) + 1], a[mt][1], a[mt][3]);
+                }
+#pragma unroll
+                for (int nb = 0; nb < 4; nb++) {
+                    uint32_t b0, b1;
+                    e4m3x4_to_f16x2(kw[nb][u2], b0, b1);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++)
+                        mma16816<true>(sc[mt][nb], a[mt], b0, b1);
                 }
             }
         }
@@ -1556,7 +1574,7 @@ template <int D> struct WarpMathT {
     static constexpr int kSlice = S::kSliceBytes; /* = D / 8 dims a lane ends with */
 
     struct State {
-        uint32_t qb[D / 32][2];
+        uint32_t qh[D / 16][2]; /* B fragments of Q^T, f16, one per k16 step */
         float o[kMT][4];
         float m_run[2], l_run[2], rowmul[2];
         int lim[2];
@@ -1574,7 +1592,8 @@ template <int D> struct WarpMathT {
     {
         const int R = p.rows;
         const float kmul = p.per_token_head ? 1.0f : p.k_scale;
-        /* B fragments: query row g, k order of WarpMathM16::load_q */
+        /* B fragments: query row g; k16 step 4 pp + u takes dims 16 (c + 4 pp) + 4 u .. + 3,
+         * as compute() takes K. Converted to f16 once per task, not once per chunk. */
         {
             const bool valid = g < R;
             const size_t qi = row_index(p, req, kvh, valid ? g : 0);
@@ -1583,8 +1602,8 @@ template <int D> struct WarpMathT {
             for (int s = 0; s < D / 32; s++) {
                 int dim = 16 * (c + 4 * (s / 2)) + 8 * (s % 2);
                 uint2 w = valid ? *reinterpret_cast<const uint2 *>(q + dim) : make_uint2(0, 0);
-                st.qb[s][0] = w.x;
-                st.qb[s][1] = w.y;
+                e4m3x4_to_f16x2(w.x, st.qh[2 * s][0], st.qh[2 * s][1]);
+                e4m3x4_to_f16x2(w.y, st.qh[2 * s + 1][0], st.qh[2 * s + 1][1]);
             }
         }
         /* this lane's score columns: rows 2c and 2c + 1 */
@@ -1622,10 +1641,16 @@ template <int D> struct WarpMathT {
             for (int pp = 0; pp < S::kChunks / 4; pp++) {
                 uint4 ka = lds128(ka_row + (((c + 4 * pp) ^ swz_k<S::kChunks>(ra)) * 16));
                 uint4 kb = lds128(kb_row + (((c + 4 * pp) ^ swz_k<S::kChunks>(rb)) * 16));
-                const uint32_t a0[4] = {ka.x, kb.x, ka.y, kb.y};
-                const uint32_t a1[4] = {ka.z, kb.z, ka.w, kb.w};
-                mma16832_e4m3(sc[qt], a0, st.qb[2 * pp][0], st.qb[2 * pp][1]);
-                mma16832_e4m3(sc[qt], a1, st.qb[2 * pp + 1][0], st.qb[2 * pp + 1][1]);
+                const uint32_t wa[4] = {ka.x, ka.y, ka.z, ka.w}, wb[4] = {kb.x, kb.y, kb.z, kb.w};
+                /* f16 mma on K converted here: sm_90 has no e4m3 mma.sync, and its emulation
+                 * would convert Q again every chunk and add each k16 half separately */
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    uint32_t a[4];
+                    e4m3x4_to_f16x2(wa[u], a[0], a[2]);
+                    e4m3x4_to_f16x2(wb[u], a[1], a[3]);
+                    mma16816<true>(sc[qt], a, st.qh[4 * pp + u][0], st.qh[4 * pp + u][1]);
+                }
             }
         }
         /* online softmax (base 2) per row */
@@ -1782,13 +1807,14 @@ struct CombineParams {
     float *lse;
 };
 
-/* The partials of a pair: first slot and count. */
+/* The partials of a pair: first slot and count. Read from L2 (ld.global.cg), never from a
+ * line an earlier step left in L1: the combine reads them before its grid-dependency wait. */
 __device__ __forceinline__ void combine_pair(const CombineParams &p, int pair, int &first,
                                              int &count)
 {
     if (p.pair_first) {
-        first = p.pair_first[pair];
-        count = p.pair_count[pair];
+        first = __ldcg(p.pair_first + pair);
+        count = __ldcg(p.pair_count + pair);
     } else {
         first = pair * p.static_splits;
         count = p.static_splits;
@@ -1814,17 +1840,20 @@ __global__ void __launch_bounds__(K > 8 ? 32 * K : 256, K > 8 ? 2 : 4)
     constexpr int kBatch = 32 / V; /* partials per batch: 32 registers of loads */
     __shared__ float s_acc[K > 1 ? kWarps : 1][D / S];
     __shared__ float s_m[kWarps], s_w[kWarps];
-    pdl_wait();
-    pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = warp % K;
     const int64_t item = (int64_t)blockIdx.x * kRows + warp / K;
     const int R = p.rows, dim0 = blockIdx.y * (D / S) + lane * V;
     int pair = 0, r = 0, first = 0, count = 0;
+    /* The pair's slots come from the plan, which finished before the attention kernel got
+     * past its own wait, and so before this grid could start: read while the attention
+     * kernel still runs, one round trip off the step's critical path. */
     if (item < (int64_t)p.num_pairs * R) {
         pair = (int)(item / R);
         r = (int)(item % R);
         combine_pair(p, pair, first, count);
     }
+    pdl_wait();
+    pdl_trigger();
     /* skipped rows still reach the barrier below (K > 1) */
     const bool skip = item >= (int64_t)p.num_pairs * R || (p.direct && count == 1);
     const int mine = skip ? 0 : (count - sub + K - 1) / K; /* partials sub + K j */
@@ -2170,7 +2199,8 @@ extern "C" int tkvk_decode_plan_create(tkvk_decode_plan **out, int max_requests,
     if (occ < 1)
         occ = 1;
     pl->grid = pl->num_sms * occ;
-    pl->min_tiles = v.threads == 32 ? TKVK_DECODE_DEFAULT_MIN_TILES : TKVK_DECODE_CTA_MIN_TILES;
+    pl->min_tiles =
+        v.threads == 32 ? tkvk__decode_warp_min_tiles(max_rows) : TKVK_DECODE_CTA_MIN_TILES;
     pl->max_requests = max_requests;
     pl->num_kv_heads = num_kv_heads;
     pl->max_rows = max_rows;

@@ -15,11 +15,19 @@ extern "C" {
 #define TKVK_DECODE_MAX_GROUP 16
 #define TKVK_DECODE_MAX_Q_LEN 8
 #define TKVK_DECODE_MAX_ROWS (TKVK_DECODE_MAX_GROUP * TKVK_DECODE_MAX_Q_LEN)
-/* Default floors of tiles per worker: a warp worker (warp-worker kernel) and a CTA (CTA
- * kernel). Measured on an H200 (docs/perf.md): below these, the extra partials cost more in
- * the combine than the finer split saves. */
-#define TKVK_DECODE_DEFAULT_MIN_TILES 2
+/* Default floor of tiles per CTA of the CTA kernel. Measured on an H200 (docs/perf.md): below
+ * it, the extra partials cost more in the combine than the finer split saves. */
 #define TKVK_DECODE_CTA_MIN_TILES 4
+
+/* Default floor of tiles per warp worker (warp-worker kernel) for pairs of `rows` rows: a task's
+ * partial (rows x D floats, written once, read once by the combine) may cost at most half the
+ * FP8 K and V bytes the task reads (64 x 2 x D per tile), so the floor is ceil(rows / 16): one
+ * tile up to 16 rows, two up to 32. Timed against floors 1, 2, 4 and 8 on an H200
+ * (docs/perf.md). */
+static inline int tkvk__decode_warp_min_tiles(int rows)
+{
+    return rows <= 16 ? 1 : (rows + 15) / 16;
+}
 
 /* Shape checks common to every decode entry point (pointers are only checked for NULL;
  * their contents are the CPU path's to validate). `who` prefixes the error sentence. */
