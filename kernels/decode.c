@@ -5,6 +5,7 @@
  * These are the references the GPU kernels are tested against and the daemon's path without
  * a GPU, so they favour plain, obviously right float code over speed.
  */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -142,9 +143,12 @@ int tkvk_decode_map_init(tkvk_decode_map *map, int num_pairs, int grid)
         return tkvk__fail(TKVK_EINVAL, "decode_map_init: num_pairs %d / grid %d < 1", num_pairs,
                           grid);
     map->tasks = dec_xcalloc((size_t)num_pairs + grid, sizeof *map->tasks);
+    map->task_slot = dec_xcalloc((size_t)num_pairs + grid, sizeof *map->task_slot);
     map->bin_first = dec_xcalloc((size_t)grid + 1, sizeof *map->bin_first);
     map->pair_first = dec_xcalloc((size_t)num_pairs, sizeof *map->pair_first);
     map->pair_count = dec_xcalloc((size_t)num_pairs, sizeof *map->pair_count);
+    map->slot_first = dec_xcalloc((size_t)num_pairs, sizeof *map->slot_first);
+    map->slot_count = dec_xcalloc((size_t)num_pairs, sizeof *map->slot_count);
     map->num_pairs = num_pairs;
     map->grid = grid;
     return TKVK_OK;
@@ -155,22 +159,26 @@ void tkvk_decode_map_free(tkvk_decode_map *map)
     if (!map)
         return;
     free(map->tasks);
+    free(map->task_slot);
     free(map->bin_first);
     free(map->pair_first);
     free(map->pair_count);
+    free(map->slot_first);
+    free(map->slot_count);
     memset(map, 0, sizeof *map);
 }
 
 int tkvk_decode_plan_cpu(const int32_t *kv_lens, int num_requests, int num_kv_heads, int grid,
-                         int min_tiles_per_cta, tkvk_decode_map *map)
+                         int min_tiles_per_cta, int cta_warps, tkvk_decode_map *map)
 {
     if (!map || (!kv_lens && num_requests > 0))
         return tkvk__fail(TKVK_EINVAL, "decode_plan_cpu: kv_lens/map is NULL");
-    if (num_requests < 0 || num_kv_heads < 1 || grid < 1 || min_tiles_per_cta < 1)
+    if (num_requests < 0 || num_kv_heads < 1 || grid < 1 || min_tiles_per_cta < 1 ||
+        cta_warps < 1)
         return tkvk__fail(TKVK_EINVAL,
                           "decode_plan_cpu: num_requests %d, num_kv_heads %d, grid %d, "
-                          "min_tiles_per_cta %d",
-                          num_requests, num_kv_heads, grid, min_tiles_per_cta);
+                          "min_tiles_per_cta %d, cta_warps %d",
+                          num_requests, num_kv_heads, grid, min_tiles_per_cta, cta_warps);
     int num_pairs = num_requests * num_kv_heads;
     if (num_pairs > map->num_pairs || grid > map->grid)
         return tkvk__fail(TKVK_EINVAL, "decode_plan_cpu: map holds %d pairs / grid %d, need %d / %d",
@@ -185,31 +193,43 @@ int tkvk_decode_plan_cpu(const int32_t *kv_lens, int num_requests, int num_kv_he
     if (per_cta < min_tiles_per_cta)
         per_cta = min_tiles_per_cta;
     int num_bins = (num_tiles + per_cta - 1) / per_cta;
+    int ctas = (grid + cta_warps - 1) / cta_warps;
+    int group = num_bins > 0 ? (num_bins + ctas - 1) / ctas : 1;
 
-    int start = 0, ntask = 0;
+    int start = 0, ntask = 0, nslot = 0;
     for (int p = 0; p < num_pairs; p++) {
         int tiles = tkvk__decode_tiles(kv_lens[p / num_kv_heads]);
         map->pair_first[p] = ntask;
         map->pair_count[p] = 0;
+        map->slot_first[p] = nslot;
         int t = start;
         while (t < start + tiles) {
-            int bin_end = (t / per_cta + 1) * per_cta;
+            int bin = t / per_cta, bin_end = (bin + 1) * per_cta;
             int end = bin_end < start + tiles ? bin_end : start + tiles;
             if (t % per_cta == 0)
-                map->bin_first[t / per_cta] = ntask;
+                map->bin_first[bin] = ntask;
             map->tasks[ntask].request = p / num_kv_heads;
             map->tasks[ntask].kv_head = p % num_kv_heads;
             map->tasks[ntask].tile_begin = t - start;
             map->tasks[ntask].tile_end = end - start;
+            map->task_slot[ntask] =
+                nslot + map->pair_count[p] -
+                tkvk__decode_joins(start, start + tiles, per_cta, group, bin);
             ntask++;
             map->pair_count[p]++;
             t = end;
         }
+        map->slot_count[p] =
+            map->pair_count[p] -
+            tkvk__decode_joins(start, start + tiles, per_cta, group, INT_MAX);
+        nslot += map->slot_count[p];
         start += tiles;
     }
     for (int b = num_bins; b <= grid; b++)
         map->bin_first[b] = ntask;
     map->grid = grid;
+    map->bins_per_cta = group;
+    map->num_slots = nslot;
     map->num_bins = num_bins;
     map->num_tiles = num_tiles;
     map->num_tasks = ntask;
@@ -502,7 +522,8 @@ int tkvk_decode_split_cpu(const tkvk_decode_args *a, int grid, int min_tiles_per
     rc = tkvk_decode_map_init(&map, a->num_requests * hkv, grid);
     if (rc)
         return rc;
-    rc = tkvk_decode_plan_cpu(a->kv_lens, a->num_requests, hkv, grid, min_tiles_per_cta, &map);
+    rc = tkvk_decode_plan_cpu(a->kv_lens, a->num_requests, hkv, grid, min_tiles_per_cta, 1,
+                              &map);
     if (rc == TKVK_OK) {
         int max_parts = 1;
         for (int p = 0; p < map.num_pairs; p++)

@@ -45,6 +45,8 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kPlanThreads = 1024;
 /* Tasks of a bin kept in shared memory (a bin with more reads the rest from global memory). */
 constexpr int kTaskWindow = 128;
+/* Warp workers per CTA of the warp-worker kernel at most (its launch bounds). */
+constexpr int kMaxCtaWarps = 8;
 #ifndef TKVK_DEC_STAGES
 /* cp.async stages for token rows under 256 bytes: tiles in flight per CTA = stages - 1. */
 #define TKVK_DEC_STAGES 4
@@ -72,11 +74,15 @@ struct DecParams {
     /* task map (dynamic) or the static split geometry */
     const int4 *tasks;
     const int32_t *task_len; /* kv_len of each task's request, written by the plan */
+    const int32_t *task_slot; /* the slot of each task's partial (warp-worker kernel) */
     const int32_t *bin_first;
-    const int4 *bin_task0;    /* first task of each bin and its request's length */
-    const int32_t *bin_len0;
+    /* warp-worker kernel: each worker's (first task, task count), first task, and its
+     * request's length, slot and whether the CTA merges its partial (plan kernel, pass 4) */
+    const int2 *worker_span;
+    const int4 *worker_task0;
+    const int4 *worker_aux0;
     int static_splits, static_chunk_tiles;
-    /* partial results: [task][rows][D] and [task][rows] */
+    /* partial results: [slot][rows][D] and [slot][rows] (slot = task in the CTA kernel) */
     float *part_o;
     float *part_lse;
     /* direct: a task that is a whole (request, KV head) writes out/lse itself (the combine
@@ -269,14 +275,14 @@ __device__ __forceinline__ float quad_sum(float x)
 
 /* Exclusive scan of one value per thread over the whole block; returns the prefix, *total
  * gets the block's sum. Every thread of the block must call it. */
-__device__ int block_exclusive_scan(int v, int *total)
+template <typename T> __device__ T block_exclusive_scan(T v, T *total)
 {
-    __shared__ int warp_sums[32];
+    __shared__ T warp_sums[32];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
-    int x = v;
+    T x = v;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
-        int y = __shfl_up_sync(0xffffffffu, x, o);
+        T y = __shfl_up_sync(0xffffffffu, x, o);
         if (lane >= o)
             x += y;
     }
@@ -284,17 +290,17 @@ __device__ int block_exclusive_scan(int v, int *total)
         warp_sums[warp] = x;
     __syncthreads();
     if (warp == 0) {
-        int w = lane < nwarps ? warp_sums[lane] : 0;
+        T w = lane < nwarps ? warp_sums[lane] : 0;
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
-            int y = __shfl_up_sync(0xffffffffu, w, o);
+            T y = __shfl_up_sync(0xffffffffu, w, o);
             if (lane >= o)
                 w += y;
         }
         warp_sums[lane] = w; /* inclusive */
     }
     __syncthreads();
-    int warp_prefix = warp ? warp_sums[warp - 1] : 0;
+    T warp_prefix = warp ? warp_sums[warp - 1] : 0;
     *total = warp_sums[nwarps - 1];
     __syncthreads(); /* warp_sums is reused by the next call */
     return warp_prefix + x - v;
@@ -314,12 +320,18 @@ __device__ __forceinline__ size_t row_index(const P &p, int req, int kvh, int r)
     return ((size_t)req * p.q_len + t) * p.num_q_heads + (size_t)kvh * p.group + gh;
 }
 
-/* info[0..3] = num_bins, num_tiles, num_tasks, tiles_per_cta. Same algorithm as
- * tkvk_decode_plan_cpu(). */
+/* info[0..5] = num_bins, num_tiles, num_tasks, tiles_per_cta, num_slots, bins_per_cta. Same
+ * algorithm as tkvk_decode_plan_cpu(). cta_warps: warps per CTA of the warp-worker kernel;
+ * its CTA c takes bins c * G .. + G - 1 for G = ceil(num_bins / CTAs) (all SMs get work when
+ * the bins are fewer than the workers), warp j of CTA c is worker c * cta_warps + j, and the
+ * worker_* arrays hold each worker's bin span and first task, for one round trip at its
+ * start. */
 __global__ void __launch_bounds__(kPlanThreads, 1)
     dec_plan_kernel(const int32_t *kv_lens, int num_requests, int hkv, int grid, int min_tiles,
-                    int4 *tasks, int32_t *task_len, int32_t *bin_first, int4 *bin_task0,
-                    int32_t *bin_len0, int32_t *pair_first, int32_t *pair_count, int32_t *info)
+                    int cta_warps, int4 *tasks, int32_t *task_len, int32_t *task_slot,
+                    int32_t *bin_first, int2 *worker_span, int4 *worker_task0,
+                    int4 *worker_aux0, int32_t *pair_first, int32_t *pair_count,
+                    int32_t *slot_first, int32_t *slot_count, int32_t *info)
 {
     pdl_wait(); /* the previous step's kernels may still read the map */
     pdl_trigger();
@@ -341,24 +353,31 @@ __global__ void __launch_bounds__(kPlanThreads, 1)
     if (per_cta < min_tiles)
         per_cta = min_tiles;
     int num_bins = (num_tiles + per_cta - 1) / per_cta;
+    int ctas = (grid + cta_warps - 1) / cta_warps;
+    int group = num_bins > 0 ? (num_bins + ctas - 1) / ctas : 1;
 
-    /* pass 2: tasks per pair and the index of each pair's first task */
-    int task_carry = 0;
+    /* pass 2: tasks and slots per pair, and the index of each pair's first task and slot
+     * (one scan of both: tasks in the low 32 bits, slots in the high) */
+    long long both_carry = 0;
     for (int base = 0; base < num_pairs; base += blockDim.x) {
         int p = base + threadIdx.x;
-        int count = 0;
+        long long count = 0, slots = 0;
         if (p < num_pairs) {
             int tiles = tiles_of(kv_lens[p / hkv]), start = pair_count[p];
             if (tiles > 0)
                 count = (start + tiles - 1) / per_cta - start / per_cta + 1;
+            slots = count - tkvk__decode_joins(start, start + tiles, per_cta, group, INT_MAX);
         }
-        int total;
-        int first = task_carry + block_exclusive_scan(count, &total);
-        if (p < num_pairs)
-            pair_first[p] = first;
-        task_carry += total;
+        long long total;
+        long long first = both_carry + block_exclusive_scan(count | slots << 32, &total);
+        if (p < num_pairs) {
+            pair_first[p] = (int)(first & 0xffffffff);
+            slot_first[p] = (int)(first >> 32);
+        }
+        both_carry += total;
     }
     __syncthreads();
+    const int task_carry = (int)(both_carry & 0xffffffff), slot_carry = (int)(both_carry >> 32);
     /* pass 3: every task in parallel (one long request can have hundreds): its pair is the
      * last one whose first task is <= d (pairs without tasks share the next one's first) */
     for (int d = threadIdx.x; d < task_carry; d += blockDim.x) {
@@ -375,27 +394,46 @@ __global__ void __launch_bounds__(kPlanThreads, 1)
         int start = pair_count[p], end_all = start + tiles_of(len);
         int bin = start / per_cta + (d - pair_first[p]);
         int t0 = max(start, bin * per_cta), t1 = min(end_all, (bin + 1) * per_cta);
-        int4 tk = make_int4(p / hkv, p % hkv, t0 - start, t1 - start);
-        if (t0 % per_cta == 0) {
-            /* the bin's head: its first task, readable with bin_first in one round trip */
+        if (t0 % per_cta == 0)
             bin_first[t0 / per_cta] = d;
-            bin_task0[t0 / per_cta] = tk;
-            bin_len0[t0 / per_cta] = len;
-        }
-        tasks[d] = tk;
+        tasks[d] = make_int4(p / hkv, p % hkv, t0 - start, t1 - start);
         task_len[d] = len;
+        task_slot[d] = slot_first[p] + (d - pair_first[p]) -
+                       tkvk__decode_joins(start, end_all, per_cta, group, bin);
     }
     __syncthreads();
-    /* pass 4: task counts replace the tile starts */
-    for (int p = threadIdx.x; p < num_pairs; p += blockDim.x)
+    /* pass 4: task and slot counts replace the tile starts; the workers' heads */
+    for (int p = threadIdx.x; p < num_pairs; p += blockDim.x) {
         pair_count[p] = (p + 1 < num_pairs ? pair_first[p + 1] : task_carry) - pair_first[p];
+        slot_count[p] = (p + 1 < num_pairs ? slot_first[p + 1] : slot_carry) - slot_first[p];
+    }
     for (int b = num_bins + threadIdx.x; b <= grid; b += blockDim.x)
         bin_first[b] = task_carry;
+    for (int w = threadIdx.x; w < grid; w += blockDim.x) {
+        int j = w % cta_warps, b = (w / cta_warps) * group + j;
+        int first = 0, num = 0;
+        if (j < group && b < num_bins) {
+            first = bin_first[b];
+            num = (b + 1 < num_bins ? bin_first[b + 1] : task_carry) - first;
+        }
+        worker_span[w] = make_int2(first, num);
+        if (num > 0) {
+            /* holds: the bin's only task shares its slot with a neighbour's (joins are
+             * consecutive tasks), so its partial waits in shared memory for the CTA's merge */
+            const int slot = task_slot[first];
+            const bool holds = num == 1 && ((first > 0 && task_slot[first - 1] == slot) ||
+                                            (first + 1 < task_carry && task_slot[first + 1] == slot));
+            worker_task0[w] = tasks[first];
+            worker_aux0[w] = make_int4(task_len[first], slot, holds, 0);
+        }
+    }
     if (threadIdx.x == 0) {
         info[0] = num_bins;
         info[1] = num_tiles;
         info[2] = task_carry;
         info[3] = per_cta;
+        info[4] = slot_carry;
+        info[5] = group;
     }
 }
 
@@ -1071,12 +1109,20 @@ template <int D, class M> struct WarpAttend {
 
     static constexpr size_t smem_bytes() { return (size_t)kStages * kStageBytes; }
 
-    /* Where the chunks of a bin come from: task k's (request, head, tile range) and length. */
+    /* Where the chunks of a bin come from: task k's (request, head, tile range), length and
+     * slot. */
     struct Cursor {
         int task, chunk, end; /* chunk index within the request; end exclusive */
-        int req, kvh;
+        int req, kvh, slot;
         int32_t len;
-        bool whole; /* the task is its pair's only one */
+        bool starts, whole; /* the task holds its pair's first tile / all its tiles */
+    };
+
+    /* What a warp of a CTA of several leaves for the CTA's merge (merge_held): the slot of the
+     * partial it wrote into its own shared memory (-1: none) and its task's place. */
+    struct Held {
+        int slot, req, kvh;
+        bool starts, ends;
     };
 
     static __device__ __forceinline__ bool open_task(const DecParams &p, int first, int num,
@@ -1085,21 +1131,24 @@ template <int D, class M> struct WarpAttend {
         while (cu.task < num) {
             int4 tk = __ldg(p.tasks + first + cu.task);
             int32_t len = __ldg(p.task_len + first + cu.task);
-            if (set_task(cu, tk, len))
+            int slot = __ldg(p.task_slot + first + cu.task);
+            if (set_task(cu, tk, len, slot))
                 return true;
             cu.task++; /* an empty task (cannot come from the plan, but never loop on it) */
         }
         return false;
     }
 
-    static __device__ __forceinline__ bool set_task(Cursor &cu, int4 tk, int32_t len)
+    static __device__ __forceinline__ bool set_task(Cursor &cu, int4 tk, int32_t len, int slot)
     {
         cu.req = tk.x;
         cu.kvh = tk.y;
+        cu.slot = slot;
         cu.len = len;
         cu.chunk = tk.z * 2;
         cu.end = min(tk.w * 2, (len + kChunk - 1) / kChunk);
-        cu.whole = tk.z == 0 && tk.w >= tiles_of(len);
+        cu.starts = tk.z == 0;
+        cu.whole = cu.starts && tk.w >= tiles_of(len);
         return cu.chunk < cu.end;
     }
 
@@ -1180,11 +1229,18 @@ template <int D, class M> struct WarpAttend {
         }
     }
 
-    static __device__ void run(const DecParams &p, uint8_t *smem)
+    /* Works through worker `worker`'s bin (dynamic) or the CTA's static split, in the warp's
+     * `smem` (smem_bytes()). A task whose slot the plan shares with a neighbouring worker's
+     * (its bin's only one) leaves its partial in `smem` for merge_held() (returned in Held);
+     * every other task writes its partial, or its outputs, itself. */
+    static __device__ Held run(const DecParams &p, uint8_t *smem, int worker)
     {
         const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
         const int R = p.rows;
         int first = 0, num = 1;
+        Held held{-1, 0, 0, false, false};
+        bool merged = false; /* the CTA merges the bin's only task's partial */
+        bool holds = false;  /* ... which is in smem */
         Cursor ld{}, cc{};
         if (p.static_splits) {
             /* one (KV head, request, split) per CTA, as the fixed grid of the baseline */
@@ -1196,24 +1252,27 @@ template <int D, class M> struct WarpAttend {
             if (tb >= te) {
                 for (int r = lane; r < R; r += 32)
                     p.part_lse[(size_t)idx * R + r] = -INFINITY;
-                return;
+                return held;
             }
             ld.req = cc.req = req;
             ld.kvh = cc.kvh = kvh;
+            ld.slot = cc.slot = idx;
             ld.len = cc.len = len;
             ld.chunk = cc.chunk = tb * 2;
             ld.end = cc.end = min(te * 2, (len + kChunk - 1) / kChunk);
-            first = idx; /* the partial's index */
         } else {
-            /* bin_first and the bin's head together: one round trip before the block table */
-            first = p.bin_first[blockIdx.x];
-            num = p.bin_first[blockIdx.x + 1] - first;
-            int4 tk0 = p.bin_task0[blockIdx.x];
-            int32_t len0 = p.bin_len0[blockIdx.x];
+            /* the worker's span and first task together: one round trip before the block
+             * table */
+            const int2 span = p.worker_span[worker];
+            const int4 tk0 = p.worker_task0[worker];
+            const int4 aux0 = p.worker_aux0[worker];
+            first = span.x;
+            num = span.y;
             if (num <= 0)
-                return;
-            if (!set_task(ld, tk0, len0) && !open_task(p, first, num, ld))
-                return;
+                return held;
+            merged = aux0.z != 0;
+            if (!set_task(ld, tk0, aux0.x, aux0.y) && !open_task(p, first, num, ld))
+                return held;
             cc = ld;
         }
         const uint32_t s_base = smem_u32(smem);
@@ -1267,20 +1326,108 @@ template <int D, class M> struct WarpAttend {
                        g, c, ms);
 
             if (cc.chunk + 1 == cc.end) {
-                /* end of a task: the partial O (normalised, f32) and its LSE */
-                int pidx = p.static_splits ? first : first + cc.task;
-                if (p.direct && cc.whole)
-                    M::template finish<true>(p, pidx, cc.req, cc.kvh, g, c, v_mul, ms);
-                else
-                    M::template finish<false>(p, pidx, cc.req, cc.kvh, g, c, v_mul, ms);
+                /* end of a task: its outputs, or its partial O (normalised, f32) and LSE in
+                 * its slot or, held for the CTA's merge, in the warp's shared memory (the
+                 * bin's only task: its last chunk, nothing more in flight) */
+                if (p.direct && cc.whole) {
+                    M::template finish<true>(p, nullptr, nullptr, cc.req, cc.kvh, g, c, v_mul,
+                                             ms);
+                } else {
+                    holds = merged;
+                    float *po = holds ? reinterpret_cast<float *>(smem)
+                                      : p.part_o + (size_t)cc.slot * R * D;
+                    float *pl = holds ? po + R * D : p.part_lse + (size_t)cc.slot * R;
+                    __syncwarp(); /* every lane is done reading the stages */
+                    M::template finish<false>(p, po, pl, cc.req, cc.kvh, g, c, v_mul, ms);
+                }
                 fresh = true;
             }
             if (!advance(cc))
                 break;
         }
         cp_async_wait<0>();
+        if (holds) /* cc is still the task's cursor: the loop ended at its last chunk */
+            held = Held{cc.slot, cc.req, cc.kvh, cc.starts, cc.end == (cc.len + kChunk - 1) / kChunk};
+        return held;
     }
 };
+
+/* The partials a CTA's warps held (WarpAttend::run): runs of consecutive warps holding the
+ * same slot (the plan gives consecutive whole bins of one pair one slot) are merged, each
+ * run's warps taking its rows in turn, into the slot or, where a run covers its whole pair,
+ * into the outputs (the combine skips pairs of one slot). warp_bytes: each warp's share of
+ * the shared memory, its partial at the start ([rows][D] then [rows] LSEs). */
+template <int D>
+__device__ void merge_held(const DecParams &p, const uint8_t *smem, size_t warp_bytes, int slot,
+                           int req, int kvh, bool starts, bool ends)
+{
+    constexpr int V = D / 32; /* dims per lane: 2, 4 or 8, in float2 / float4 accesses */
+    __shared__ int s_slot[kMaxCtaWarps];
+    __shared__ unsigned char s_starts[kMaxCtaWarps], s_ends[kMaxCtaWarps];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
+    if (lane == 0) {
+        s_slot[warp] = slot;
+        s_starts[warp] = starts;
+        s_ends[warp] = ends;
+    }
+    __syncthreads();
+    if (slot < 0)
+        return;
+    int h = warp, e = warp;
+    while (h > 0 && s_slot[h - 1] == slot)
+        h--;
+    while (e + 1 < W && s_slot[e + 1] == slot)
+        e++;
+    const int R = p.rows, n = e - h + 1;
+    const bool to_out = p.direct && s_starts[h] && s_ends[e];
+    auto part = [&](int j) { return reinterpret_cast<const float *>(smem + j * warp_bytes); };
+    for (int r = warp - h; r < R; r += n) {
+        float m = -INFINITY;
+        for (int j = h; j <= e; j++)
+            m = fmaxf(m, part(j)[R * D + r]);
+        float acc[V], ws = 0.0f;
+#pragma unroll
+        for (int v = 0; v < V; v++)
+            acc[v] = 0.0f;
+        for (int j = h; j <= e; j++) {
+            const float lj = part(j)[R * D + r];
+            const float w = lj == -INFINITY ? 0.0f : exp2f(lj - m);
+            if (w > 0.0f) {
+                const float *src = part(j) + r * D + lane * V;
+                float x[V];
+#pragma unroll
+                for (int v = 0; v < V; v += 2) {
+                    const float2 t = *reinterpret_cast<const float2 *>(src + v);
+                    x[v] = t.x;
+                    x[v + 1] = t.y;
+                }
+#pragma unroll
+                for (int v = 0; v < V; v++)
+                    acc[v] = fmaf(w, x[v], acc[v]);
+                ws += w;
+            }
+        }
+        const float inv = ws > 0.0f ? 1.0f / ws : 0.0f;
+        const float lse = ws > 0.0f ? m + log2f(ws) : -INFINITY;
+        if (to_out) {
+            const size_t oi = row_index(p, req, kvh, r);
+            uint16_t *dst = p.out + oi * D + lane * V;
+#pragma unroll
+            for (int v = 0; v < V; v += 2)
+                *reinterpret_cast<uint32_t *>(dst + v) =
+                    tkvk_bf16x2_from_float2(acc[v] * inv, acc[v + 1] * inv);
+            if (p.lse && lane == 0)
+                p.lse[oi] = lse;
+        } else {
+            float *dst = p.part_o + ((size_t)slot * R + r) * D + lane * V;
+#pragma unroll
+            for (int v = 0; v < V; v += 2)
+                *reinterpret_cast<float2 *>(dst + v) = make_float2(acc[v] * inv, acc[v + 1] * inv);
+            if (lane == 0)
+                p.part_lse[(size_t)slot * R + r] = lse;
+        }
+    }
+}
 
 /* The query rows on the mma's M side: MT m-tiles of 16 rows share every K and V fragment; Q.K
  * as e4m3 mma straight from the cached bytes (on sm_90 carried out as f16 HMMA with the B
@@ -1495,11 +1642,13 @@ template <int D, int MT, bool kLo8 = false> struct WarpMathM16 {
     }
 
 
-    /* end of a task: the partial O (normalised, f32) and its LSE at slot pidx or, kOut (the
-     * pair's only task), BF16 O and the LSE straight to the outputs */
+    /* end of a task: the partial O (normalised, f32) into po ([rows][D]) and its LSE into
+     * plse ([rows]) or, kOut (the pair's only task), BF16 O and the LSE straight to the
+     * outputs */
     template <bool kOut>
-    static __device__ __forceinline__ void finish(const DecParams &p, int pidx, int req, int kvh,
-                                                  int g, int c, float v_mul, const State &st)
+    static __device__ __forceinline__ void finish(const DecParams &p, float *po, float *plse,
+                                                  int req, int kvh, int g, int c, float v_mul,
+                                                  const State &st)
     {
         const int R = p.rows;
         const auto &m_run = st.m_run;
@@ -1534,7 +1683,7 @@ template <int D, int MT, bool kLo8 = false> struct WarpMathM16 {
                     if (p.lse && c == 0)
                         p.lse[oi] = l > 0.0f ? m_run[mt][h] + log2f(l) : -INFINITY;
                 } else {
-                    float *dst = p.part_o + ((size_t)pidx * R + r) * D;
+                    float *dst = po + (size_t)r * D;
                     /* dims 2c * D/8 + nb and (2c + 1) * D/8 + nb: two runs of D/8 floats */
 #pragma unroll
                     for (int nb = 0; nb < kNB; nb += 4) {
@@ -1547,8 +1696,7 @@ template <int D, int MT, bool kLo8 = false> struct WarpMathM16 {
                                         o[mt][nb + 3][2 * h + 1] * inv);
                     }
                     if (c == 0)
-                        p.part_lse[(size_t)pidx * R + r] =
-                            l > 0.0f ? m_run[mt][h] + log2f(l) : -INFINITY;
+                        plse[r] = l > 0.0f ? m_run[mt][h] + log2f(l) : -INFINITY;
                 }
             }
     }
@@ -1743,8 +1891,9 @@ template <int D> struct WarpMathT {
     /* as WarpMathM16::finish; dims of m-tile mt: o[mt][j] is dim g * D/8 + 2 mt of row 2c + j,
      * o[mt][2 + j] the next */
     template <bool kOut>
-    static __device__ __forceinline__ void finish(const DecParams &p, int pidx, int req, int kvh,
-                                                  int g, int c, float v_mul, const State &st)
+    static __device__ __forceinline__ void finish(const DecParams &p, float *po, float *plse,
+                                                  int req, int kvh, int g, int c, float v_mul,
+                                                  const State &st)
     {
         const int R = p.rows;
 #pragma unroll
@@ -1770,27 +1919,32 @@ template <int D> struct WarpMathT {
                 if (p.lse && g == 0)
                     p.lse[oi] = l > 0.0f ? st.m_run[j] + log2f(l) : -INFINITY;
             } else {
-                float *dst = p.part_o + ((size_t)pidx * R + r) * D + g * kSlice;
+                float *dst = po + (size_t)r * D + g * kSlice;
 #pragma unroll
                 for (int q = 0; q < kMT / 2; q++)
                     *reinterpret_cast<float4 *>(dst + 4 * q) =
                         make_float4(st.o[2 * q][j] * inv, st.o[2 * q][2 + j] * inv,
                                     st.o[2 * q + 1][j] * inv, st.o[2 * q + 1][2 + j] * inv);
                 if (g == 0)
-                    p.part_lse[(size_t)pidx * R + r] =
-                        l > 0.0f ? st.m_run[j] + log2f(l) : -INFINITY;
+                    plse[r] = l > 0.0f ? st.m_run[j] + log2f(l) : -INFINITY;
             }
         }
     }
 };
 
+/* A CTA is W = blockDim.x / 32 warp workers, bins blockIdx.x * W .. + W - 1 (the static
+ * baseline: one warp); each warp has its own share of the shared memory. */
 template <int D, class M>
-__global__ void __launch_bounds__(32) dec_warp_kernel(const DecParams p)
+__global__ void __launch_bounds__(32 * kMaxCtaWarps) dec_warp_kernel(const DecParams p)
 {
     extern __shared__ __align__(128) uint8_t dec_smem[];
+    using WA = WarpAttend<D, M>;
     pdl_wait();
     pdl_trigger();
-    WarpAttend<D, M>::run(p, dec_smem);
+    const int W = blockDim.x >> 5, warp = threadIdx.x >> 5;
+    const auto h = WA::run(p, dec_smem + warp * WA::smem_bytes(), blockIdx.x * W + warp);
+    if (W > 1)
+        merge_held<D>(p, dec_smem, WA::smem_bytes(), h.slot, h.req, h.kvh, h.starts, h.ends);
 }
 
 /* ============================================================================================
@@ -2035,12 +2189,23 @@ int g_kernel = TKVK__DEC_AUTO;
 /* Set by tkvk__decode_tune() (benchmarks, tests): the combine's shape; 0 the launcher's
  * choice. */
 int g_combine = 0;
-/* Set by tkvk__decode_warps_per_sm() (benchmarks): resident warps per SM of the warp-worker
- * kernel in plans made from now on; 0 kWarpWorkersPerSm, -1 as many as fit. */
+/* Set by tkvk__decode_warps_per_sm() (benchmarks): warp workers per CTA (one CTA per SM) of
+ * the warp-worker kernel in plans made from now on; 0 kWarpWorkersPerSm, -1 as many as fit. */
 int g_warps_per_sm = 0;
-/* Eight: measured on an H200 against 9, 10 and as many as fit (13 for WarpMathT at D = 128,
- * which leaves L1 28 KB), eight was as fast or faster on every benchmark case (docs/perf.md). */
+/* Eight: measured on an H200 against 9 to 13 (as many as fit for WarpMathT at D = 128, which
+ * leaves L1 28 KB), eight was as fast or faster on nearly every benchmark case (docs/perf.md). */
 constexpr int kWarpWorkersPerSm = 8;
+
+/* Warps per CTA of a warp-worker variant of `smem` bytes a warp: the setting, at most
+ * kMaxCtaWarps and as many as `optin` bytes of shared memory a CTA hold. */
+int dec_cta_warps(size_t smem, int optin, int setting)
+{
+    int w = setting > 0 ? setting : setting < 0 ? kMaxCtaWarps : kWarpWorkersPerSm;
+    int fit = smem > 0 ? (int)(optin / smem) : 1;
+    w = w < kMaxCtaWarps ? w : kMaxCtaWarps;
+    w = w < fit ? w : fit;
+    return w < 1 ? 1 : w;
+}
 
 /* FP8 Q over FP8 KV with up to 16 rows (32 at D <= 128) runs the warp-worker kernel; every
  * other combination the CTA kernel with 4 warps (8 past 64 rows). */
@@ -2099,11 +2264,14 @@ cudaError_t launch_pdl(void (*fn)(Args...), dim3 grid, dim3 block, size_t smem,
 
 struct tkvk_decode_plan {
     int device, num_sms, grid, min_tiles;
+    int cta_warps; /* warps per CTA of the warp-worker kernel (1 for the CTA kernel) */
     int max_requests, num_kv_heads, max_rows, head_dim;
     int task_cap;
     int4 *tasks;
-    int32_t *task_len, *bin_first, *bin_len0, *pair_first, *pair_count, *info;
-    int4 *bin_task0;
+    int32_t *task_len, *task_slot, *bin_first, *pair_first, *pair_count;
+    int32_t *slot_first, *slot_count, *info;
+    int2 *worker_span;
+    int4 *worker_task0, *worker_aux0;
     float *part_o, *part_lse;
     int planned_requests; /* num_requests of the last plan launch, -1 before the first */
 };
@@ -2120,10 +2288,23 @@ static int dec_set_smem_limits(void)
     return rc;
 }
 
+/* The shared memory a CTA of variant v may be launched with: the warp-worker kernel's CTAs
+ * hold up to kMaxCtaWarps warps' shares. */
+static int dec_smem_optin(int *optin)
+{
+    int dev = 0;
+    TKVK_CUDA_TRY(cudaGetDevice(&dev));
+    TKVK_CUDA_TRY(cudaDeviceGetAttribute(optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    return TKVK_OK;
+}
+
 static int dec_set_smem_limits_now(void)
 {
     static const int dims[3] = {64, 128, 256};
     static const int row_counts[5] = {8, 16, 32, 64, 128};
+    int optin = 0, rc = dec_smem_optin(&optin);
+    if (rc)
+        return rc;
     for (int which = TKVK__DEC_AUTO; which <= TKVK__DEC_WARP_M16; which++)
         for (int i = 0; i < 3; i++)
             for (int f = 0; f < 2; f++)
@@ -2131,9 +2312,11 @@ static int dec_set_smem_limits_now(void)
                     for (int q8 = 0; q8 <= f; q8++) {
                         AttendVariant v = pick_variant(dims[i], f != 0, row_counts[ri], q8 != 0,
                                                        which);
+                        size_t most = v.threads == 32 ? v.smem * dec_cta_warps(v.smem, optin, -1)
+                                                      : v.smem;
                         TKVK_CUDA_TRY(cudaFuncSetAttribute(
                             (const void *)v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            (int)v.smem));
+                            (int)most));
                     }
     return TKVK_OK;
 }
@@ -2180,25 +2363,30 @@ extern "C" int tkvk_decode_plan_create(tkvk_decode_plan **out, int max_requests,
     rc = dec_set_smem_limits();
     if (rc)
         goto fail;
+    pl->cta_warps = 1;
     if (v.threads == 32) {
-        /* the warp-worker kernel: at most g_warps_per_sm resident warps, by a shared-memory
-         * carve-out that holds that many and leaves the rest of the SM's memory to L1 */
-        int carve = cudaSharedmemCarveoutDefault, smem_sm = 0;
-        warps = g_warps_per_sm ? g_warps_per_sm : kWarpWorkersPerSm;
+        /* the warp-worker kernel: one CTA of `warps` workers per SM, by a shared-memory
+         * carve-out that holds it and leaves the rest of the SM's memory to L1 */
+        int carve = cudaSharedmemCarveoutDefault, smem_sm = 0, optin = 0;
+        if ((rc = dec_smem_optin(&optin)) != TKVK_OK)
+            goto fail;
+        warps = dec_cta_warps(v.smem, optin, g_warps_per_sm);
         DEC_TRY(cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor,
                                        pl->device));
-        if (warps > 0 && smem_sm > 0)
-            carve = (int)((warps * (v.smem + 1024) * 100 + smem_sm - 1) / smem_sm);
+        if (smem_sm > 0)
+            carve = (int)(((warps * v.smem + 1024) * 100 + smem_sm - 1) / smem_sm);
         DEC_TRY(cudaFuncSetAttribute((const void *)v.fn,
                                      cudaFuncAttributePreferredSharedMemoryCarveout,
                                      carve > 100 ? 100 : carve));
+        pl->cta_warps = warps;
     }
-    DEC_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, v.fn, v.threads, v.smem));
-    if (warps > 0 && occ > warps)
-        occ = warps;
+    DEC_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, v.fn, v.threads * pl->cta_warps,
+                                                          v.smem * pl->cta_warps));
+    if (warps > 0)
+        occ = 1;
     if (occ < 1)
         occ = 1;
-    pl->grid = pl->num_sms * occ;
+    pl->grid = pl->num_sms * occ * pl->cta_warps;
     pl->min_tiles =
         v.threads == 32 ? tkvk__decode_warp_min_tiles(max_rows) : TKVK_DECODE_CTA_MIN_TILES;
     pl->max_requests = max_requests;
@@ -2209,12 +2397,16 @@ extern "C" int tkvk_decode_plan_create(tkvk_decode_plan **out, int max_requests,
     pl->planned_requests = -1;
     DEC_TRY(cudaMalloc((void **)&pl->tasks, (size_t)pl->task_cap * sizeof(int4)));
     DEC_TRY(cudaMalloc((void **)&pl->task_len, (size_t)pl->task_cap * sizeof(int32_t)));
+    DEC_TRY(cudaMalloc((void **)&pl->task_slot, (size_t)pl->task_cap * sizeof(int32_t)));
     DEC_TRY(cudaMalloc((void **)&pl->bin_first, ((size_t)pl->grid + 1) * sizeof(int32_t)));
-    DEC_TRY(cudaMalloc((void **)&pl->bin_task0, (size_t)pl->grid * sizeof(int4)));
-    DEC_TRY(cudaMalloc((void **)&pl->bin_len0, (size_t)pl->grid * sizeof(int32_t)));
+    DEC_TRY(cudaMalloc((void **)&pl->worker_span, (size_t)pl->grid * sizeof(int2)));
+    DEC_TRY(cudaMalloc((void **)&pl->worker_task0, (size_t)pl->grid * sizeof(int4)));
+    DEC_TRY(cudaMalloc((void **)&pl->worker_aux0, (size_t)pl->grid * sizeof(int4)));
     DEC_TRY(cudaMalloc((void **)&pl->pair_first, pairs * sizeof(int32_t)));
     DEC_TRY(cudaMalloc((void **)&pl->pair_count, pairs * sizeof(int32_t)));
-    DEC_TRY(cudaMalloc((void **)&pl->info, 4 * sizeof(int32_t)));
+    DEC_TRY(cudaMalloc((void **)&pl->slot_first, pairs * sizeof(int32_t)));
+    DEC_TRY(cudaMalloc((void **)&pl->slot_count, pairs * sizeof(int32_t)));
+    DEC_TRY(cudaMalloc((void **)&pl->info, 6 * sizeof(int32_t)));
     DEC_TRY(cudaMalloc((void **)&pl->part_o,
                        (size_t)pl->task_cap * max_rows * head_dim * sizeof(float)));
     DEC_TRY(cudaMalloc((void **)&pl->part_lse, (size_t)pl->task_cap * max_rows * sizeof(float)));
@@ -2232,11 +2424,15 @@ extern "C" void tkvk_decode_plan_destroy(tkvk_decode_plan *pl)
         return;
     cudaFree(pl->tasks);
     cudaFree(pl->task_len);
+    cudaFree(pl->task_slot);
     cudaFree(pl->bin_first);
-    cudaFree(pl->bin_task0);
-    cudaFree(pl->bin_len0);
+    cudaFree(pl->worker_span);
+    cudaFree(pl->worker_task0);
+    cudaFree(pl->worker_aux0);
     cudaFree(pl->pair_first);
     cudaFree(pl->pair_count);
+    cudaFree(pl->slot_first);
+    cudaFree(pl->slot_count);
     cudaFree(pl->info);
     cudaFree(pl->part_o);
     cudaFree(pl->part_lse);
@@ -2246,6 +2442,11 @@ extern "C" void tkvk_decode_plan_destroy(tkvk_decode_plan *pl)
 extern "C" int tkvk_decode_plan_grid(const tkvk_decode_plan *pl)
 {
     return pl ? pl->grid : 0;
+}
+
+extern "C" int tkvk_decode_plan_cta_warps(const tkvk_decode_plan *pl)
+{
+    return pl ? pl->cta_warps : 0;
 }
 
 extern "C" int tkvk_decode_plan_min_tiles(const tkvk_decode_plan *pl)
@@ -2274,10 +2475,10 @@ extern "C" int tkvk_decode_plan_cuda(tkvk_decode_plan *pl, const int32_t *kv_len
         return tkvk__fail(TKVK_EINVAL, "decode_plan_cuda: kv_lens is NULL");
     TKVK_CUDA_TRY(launch_pdl(dec_plan_kernel, dim3(1), dim3(kPlanThreads), 0,
                              (cudaStream_t)stream, kv_lens, num_requests, pl->num_kv_heads,
-                             pl->grid, pl->min_tiles, pl->tasks, pl->task_len, pl->bin_first,
-                             pl->bin_task0, pl->bin_len0,
-                             pl->pair_first,
-                             pl->pair_count, pl->info));
+                             pl->grid, pl->min_tiles, pl->cta_warps, pl->tasks, pl->task_len,
+                             pl->task_slot, pl->bin_first, pl->worker_span, pl->worker_task0,
+                             pl->worker_aux0, pl->pair_first, pl->pair_count, pl->slot_first,
+                             pl->slot_count, pl->info));
     TKVK_CUDA_TRY(cudaGetLastError());
     pl->planned_requests = num_requests;
     return TKVK_OK;
@@ -2294,13 +2495,15 @@ extern "C" int tkvk_decode_plan_download(tkvk_decode_plan *pl, tkvk_decode_map *
         return tkvk__fail(TKVK_EINVAL, "decode_plan_download: map too small (%d pairs, grid %d)",
                           map->num_pairs, map->grid);
     cudaStream_t s = (cudaStream_t)stream;
-    int32_t info[4];
+    int32_t info[6];
     TKVK_CUDA_TRY(cudaMemcpyAsync(info, pl->info, sizeof info, cudaMemcpyDeviceToHost, s));
     TKVK_CUDA_TRY(cudaStreamSynchronize(s));
     if (info[2] > pl->task_cap || info[2] < 0)
         return tkvk__fail(TKVK_ECUDA, "decode_plan_download: device map has %d tasks", info[2]);
     static_assert(sizeof(tkvk_decode_task) == sizeof(int4), "task layout");
     TKVK_CUDA_TRY(cudaMemcpyAsync(map->tasks, pl->tasks, (size_t)info[2] * sizeof(int4),
+                                  cudaMemcpyDeviceToHost, s));
+    TKVK_CUDA_TRY(cudaMemcpyAsync(map->task_slot, pl->task_slot, (size_t)info[2] * 4,
                                   cudaMemcpyDeviceToHost, s));
     TKVK_CUDA_TRY(cudaMemcpyAsync(map->bin_first, pl->bin_first,
                                   ((size_t)pl->grid + 1) * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
@@ -2309,6 +2512,10 @@ extern "C" int tkvk_decode_plan_download(tkvk_decode_plan *pl, tkvk_decode_map *
                                       cudaMemcpyDeviceToHost, s));
         TKVK_CUDA_TRY(cudaMemcpyAsync(map->pair_count, pl->pair_count, (size_t)pairs * 4,
                                       cudaMemcpyDeviceToHost, s));
+        TKVK_CUDA_TRY(cudaMemcpyAsync(map->slot_first, pl->slot_first, (size_t)pairs * 4,
+                                      cudaMemcpyDeviceToHost, s));
+        TKVK_CUDA_TRY(cudaMemcpyAsync(map->slot_count, pl->slot_count, (size_t)pairs * 4,
+                                      cudaMemcpyDeviceToHost, s));
     }
     TKVK_CUDA_TRY(cudaStreamSynchronize(s));
     map->grid = pl->grid;
@@ -2316,6 +2523,8 @@ extern "C" int tkvk_decode_plan_download(tkvk_decode_plan *pl, tkvk_decode_map *
     map->num_tiles = info[1];
     map->num_tasks = info[2];
     map->tiles_per_cta = info[3];
+    map->num_slots = info[4];
+    map->bins_per_cta = info[5];
     return TKVK_OK;
 }
 
@@ -2420,14 +2629,19 @@ static cudaError_t dec_launch_combine(const CombineParams &cp, int pairs, int nu
     return launch_combine_ks<D>(cp, rows, k, sl ? sl : 1, s);
 }
 
+/* kind: how the attention kernel left its partials: by static split, by slot (the
+ * warp-worker kernel) or by task (the CTA kernel). */
+enum DecParts { kPartsStatic, kPartsBySlot, kPartsByTask };
+
 static int dec_combine(const tkvk_decode_plan *pl, const tkvk_decode_args *a, const DecParams &p,
-                       bool is_static, cudaStream_t s)
+                       DecParts kind, cudaStream_t s)
 {
+    const bool is_static = kind == kPartsStatic;
     CombineParams cp;
     cp.part_o = pl->part_o;
     cp.part_lse = pl->part_lse;
-    cp.pair_first = is_static ? nullptr : pl->pair_first;
-    cp.pair_count = is_static ? nullptr : pl->pair_count;
+    cp.pair_first = is_static ? nullptr : kind == kPartsBySlot ? pl->slot_first : pl->pair_first;
+    cp.pair_count = is_static ? nullptr : kind == kPartsBySlot ? pl->slot_count : pl->pair_count;
     cp.static_splits = p.static_splits;
     cp.direct = !is_static && p.direct;
     cp.num_pairs = a->num_requests * p.num_kv_heads;
@@ -2464,9 +2678,11 @@ extern "C" int tkvk_decode_attend_cuda(tkvk_decode_plan *pl, const tkvk_decode_a
         return TKVK_OK;
     p.tasks = pl->tasks;
     p.task_len = pl->task_len;
+    p.task_slot = pl->task_slot;
     p.bin_first = pl->bin_first;
-    p.bin_task0 = pl->bin_task0;
-    p.bin_len0 = pl->bin_len0;
+    p.worker_span = pl->worker_span;
+    p.worker_task0 = pl->worker_task0;
+    p.worker_aux0 = pl->worker_aux0;
     cudaStream_t s = (cudaStream_t)stream;
     bool fp8kv = a->layout->kv_dtype == TKVK_DTYPE_FP8_E4M3;
     AttendVariant v = pick_variant(a->layout->head_dim, fp8kv, p.rows, fp8kv && p.q_fp8,
@@ -2474,9 +2690,11 @@ extern "C" int tkvk_decode_attend_cuda(tkvk_decode_plan *pl, const tkvk_decode_a
     if ((rc = dec_set_smem_limits()) != TKVK_OK)
         return rc;
     p.direct = v.threads == 32; /* the warp-worker kernel */
-    TKVK_CUDA_TRY(launch_pdl(v.fn, dim3(pl->grid), dim3(v.threads), v.smem, s, p));
+    /* the warp-worker kernel runs the plan's CTAs of cta_warps warps (a bin at most each) */
+    const int w = p.direct ? pl->cta_warps : 1;
+    TKVK_CUDA_TRY(launch_pdl(v.fn, dim3(pl->grid / w), dim3(v.threads * w), v.smem * w, s, p));
     TKVK_CUDA_TRY(cudaGetLastError());
-    return dec_combine(pl, a, p, false, s);
+    return dec_combine(pl, a, p, p.direct ? kPartsBySlot : kPartsByTask, s);
 }
 
 extern "C" int tkvk_decode_static_cuda(tkvk_decode_plan *pl, const tkvk_decode_args *a,
@@ -2509,7 +2727,7 @@ extern "C" int tkvk_decode_static_cuda(tkvk_decode_plan *pl, const tkvk_decode_a
     TKVK_CUDA_TRY(launch_pdl(v.fn, dim3(p.num_kv_heads, a->num_requests, splits),
                              dim3(v.threads), v.smem, s, p));
     TKVK_CUDA_TRY(cudaGetLastError());
-    return dec_combine(pl, a, p, true, s);
+    return dec_combine(pl, a, p, kPartsStatic, s);
 }
 
 extern "C" void tkvk__decode_kernel(int which)

@@ -39,6 +39,36 @@ static inline int tkvk__decode_tiles(int32_t kv_len)
     return kv_len <= 0 ? 0 : (int)((kv_len + TKVK_DECODE_TILE_TOKENS - 1) / TKVK_DECODE_TILE_TOKENS);
 }
 
+#ifdef __CUDACC__
+#define TKVK__HD __host__ __device__
+#else
+#define TKVK__HD
+#endif
+
+/* Fewest bins per CTA at which a CTA merges its runs of bins (tkv_kernels.h, slots): with
+ * fewer, a pair has few partials anyway, and the merge at the end of the CTA (a pass over
+ * the partials in shared memory) costs more than the combine saves (measured on an H200,
+ * docs/perf.md). */
+#define TKVK__DECODE_MIN_JOIN 4
+
+/* Slot joins (tkv_kernels.h, slots) among the tasks of a pair of tiles [start, end) in bins
+ * up to `upto`, for bins of per_cta tiles, bins_per_cta to a CTA: the bins b in [lo, min(upto,
+ * hi)] that are not the first of their CTA, where lo..hi are the bins that the pair covers
+ * whole together with the bin before (start <= (b - 1) per_cta, (b + 1) per_cta <= end). A
+ * task's slot is its pair's first slot + its index in the pair - the joins up to its bin;
+ * the pair's slot count is its task count - all its joins. */
+static inline TKVK__HD int tkvk__decode_joins(int start, int end, int per_cta, int bins_per_cta,
+                                              int upto)
+{
+    int lo = (start + per_cta - 1) / per_cta + 1, hi = end / per_cta - 1;
+    if (hi > upto)
+        hi = upto;
+    if (bins_per_cta < TKVK__DECODE_MIN_JOIN || hi < lo)
+        return 0;
+    /* the bins in [0, x] that are not the first of their CTA: x - x / bins_per_cta */
+    return (hi - hi / bins_per_cta) - ((lo - 1) - (lo - 1) / bins_per_cta);
+}
+
 /* Splits for the static baseline: enough CTAs over (pairs x splits) to fill `grid` CTA
  * slots, never more splits than the longest request has tiles. */
 int tkvk__decode_static_splits(int num_pairs, int max_kv_len, int grid);

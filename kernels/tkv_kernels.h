@@ -241,13 +241,25 @@ typedef struct tkvk_decode_task {
  * the tasks of bin i are tasks[bin_first[i] .. bin_first[i+1]) and those of pair p are
  * tasks[pair_first[p] .. pair_first[p] + pair_count[p]). tiles_per_cta =
  * max(ceil(num_tiles / grid), min_tiles_per_cta): the floor keeps small batches from being cut
- * into pieces whose merge costs more than it saves. */
+ * into pieces whose merge costs more than it saves.
+ *
+ * Slots: where the warp-worker kernel leaves each task's partial result. Of its CTAs of
+ * cta_warps warps, CTA c takes bins c * bins_per_cta .. + bins_per_cta - 1, bins_per_cta =
+ * ceil(num_bins / ceil(grid / cta_warps)) (so that few bins still reach every SM), and, with
+ * 4 or more bins to a CTA, a run of consecutive bins of one CTA that lie whole inside one pair
+ * (one task each) is merged in the CTA into one slot; every other task has a slot of its own. A pair's slots are
+ * slot_first[p] .. + slot_count[p], task i's is task_slot[i]. With one bin per CTA the slots
+ * are the task indices. */
 typedef struct tkvk_decode_map {
     int num_pairs, grid, num_bins, num_tiles, num_tasks, tiles_per_cta;
+    int bins_per_cta, num_slots;
     tkvk_decode_task *tasks; /* capacity num_pairs + grid */
+    int32_t *task_slot;      /* capacity num_pairs + grid */
     int32_t *bin_first;      /* [grid + 1] */
     int32_t *pair_first;     /* [num_pairs] */
     int32_t *pair_count;     /* [num_pairs] */
+    int32_t *slot_first;     /* [num_pairs] */
+    int32_t *slot_count;     /* [num_pairs] */
 } tkvk_decode_map;
 
 /* Allocates the arrays of *map for up to num_pairs pairs and a grid of `grid` CTAs;
@@ -256,9 +268,10 @@ typedef struct tkvk_decode_map {
 int tkvk_decode_map_init(tkvk_decode_map *map, int num_pairs, int grid);
 void tkvk_decode_map_free(tkvk_decode_map *map);
 
-/* The planner, on the host (the same algorithm as the device plan kernel; tests compare them). */
+/* The planner, on the host (the same algorithm as the device plan kernel; tests compare them).
+ * cta_warps >= 1 (see the slots above; 1 for the CTA kernel). */
 int tkvk_decode_plan_cpu(const int32_t *kv_lens, int num_requests, int num_kv_heads, int grid,
-                         int min_tiles_per_cta, tkvk_decode_map *map);
+                         int min_tiles_per_cta, int cta_warps, tkvk_decode_map *map);
 
 /* Reference decode attention: plain float math, one pass per (request, KV head). */
 int tkvk_decode_cpu(const tkvk_decode_args *a);
@@ -289,11 +302,13 @@ int tkvk_decode_plan_create(tkvk_decode_plan **out, int max_requests, int num_kv
                             int max_rows, int head_dim);
 void tkvk_decode_plan_destroy(tkvk_decode_plan *plan);
 /* The persistent grid (workers: one warp each in the warp-worker kernel, one CTA each in the
- * CTA kernel) and the floor (tiles per worker) the plan kernel uses. */
+ * CTA kernel), the warps per CTA (the warp-worker kernel's, else 1) and the floor (tiles per
+ * worker) the plan kernel uses. */
 int tkvk_decode_plan_grid(const tkvk_decode_plan *plan);
+int tkvk_decode_plan_cta_warps(const tkvk_decode_plan *plan);
 int tkvk_decode_plan_min_tiles(const tkvk_decode_plan *plan);
-/* Overrides the floor (>= 1); the default is 2 tiles (128 tokens) per worker for the
- * warp-worker kernel, 4 for the CTA kernel. */
+/* Overrides the floor (>= 1); the default is ceil(rows / 16) tiles (64 tokens each) per worker
+ * for the warp-worker kernel, 4 for the CTA kernel. */
 int tkvk_decode_plan_set_min_tiles(tkvk_decode_plan *plan, int min_tiles_per_cta);
 
 /* Plan kernel: reads kv_lens (device) and writes the task map on the device; no host round

@@ -495,16 +495,22 @@ static void run_case(const Case &c, cudaStream_t s, bool check_map)
         TK(tkvk_decode_map_init(&cm, pairs, grid));
         TK(tkvk_decode_plan_download(plan, &dm, s));
         TK(tkvk_decode_plan_cpu(c.lens.data(), (int)c.lens.size(), c.hkv, grid,
-                                tkvk_decode_plan_min_tiles(plan), &cm));
+                                tkvk_decode_plan_min_tiles(plan),
+                                tkvk_decode_plan_cta_warps(plan), &cm));
         bool eq = dm.num_tasks == cm.num_tasks && dm.num_bins == cm.num_bins &&
                   dm.tiles_per_cta == cm.tiles_per_cta && dm.num_tiles == cm.num_tiles &&
+                  dm.num_slots == cm.num_slots && dm.bins_per_cta == cm.bins_per_cta &&
                   memcmp(dm.tasks, cm.tasks, (size_t)cm.num_tasks * sizeof *cm.tasks) == 0 &&
+                  memcmp(dm.task_slot, cm.task_slot, (size_t)cm.num_tasks * 4) == 0 &&
                   memcmp(dm.bin_first, cm.bin_first, ((size_t)grid + 1) * 4) == 0 &&
                   memcmp(dm.pair_first, cm.pair_first, (size_t)pairs * 4) == 0 &&
-                  memcmp(dm.pair_count, cm.pair_count, (size_t)pairs * 4) == 0;
+                  memcmp(dm.pair_count, cm.pair_count, (size_t)pairs * 4) == 0 &&
+                  memcmp(dm.slot_first, cm.slot_first, (size_t)pairs * 4) == 0 &&
+                  memcmp(dm.slot_count, cm.slot_count, (size_t)pairs * 4) == 0;
         printf("%s plan     device task map == CPU planner (grid %d, %d tiles, %d per CTA, %d "
-               "tasks)\n",
-               eq ? "PASS" : "FAIL", grid, cm.num_tiles, cm.tiles_per_cta, cm.num_tasks);
+               "tasks, %d slots, %d bins per CTA)\n",
+               eq ? "PASS" : "FAIL", grid, cm.num_tiles, cm.tiles_per_cta, cm.num_tasks,
+               cm.num_slots, cm.bins_per_cta);
         if (!eq)
             g_failures++;
         tkvk_decode_map_free(&dm);

@@ -6,9 +6,11 @@
  * a relative L2 error of 5e-3 and the base-2 LSE with 1e-3 absolute. */
 #include <check.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "decode_internal.h"
 #include "tkv_kernels.h"
 
 static uint64_t rng_state = 88172645463325252ull;
@@ -314,7 +316,7 @@ START_TEST(test_planner_invariants)
     tkvk_decode_map m;
     ck_assert_int_eq(tkvk_decode_map_init(&m, 6 * hkv, grid), TKVK_OK);
     for (int floor_tiles = 1; floor_tiles <= 64; floor_tiles *= 4) {
-        ck_assert_int_eq(tkvk_decode_plan_cpu(lens, 6, hkv, grid, floor_tiles, &m), TKVK_OK);
+        ck_assert_int_eq(tkvk_decode_plan_cpu(lens, 6, hkv, grid, floor_tiles, 1, &m), TKVK_OK);
         int total = 0;
         for (int r = 0; r < 6; r++)
             total += hkv * ((lens[r] + 63) / 64);
@@ -348,8 +350,51 @@ START_TEST(test_planner_invariants)
         }
         ck_assert_int_eq(m.bin_first[grid], m.num_tasks);
     }
-    /* too small a map is refused */
-    ck_assert_int_eq(tkvk_decode_plan_cpu(lens, 6, hkv, grid + 1, 1, &m), TKVK_EINVAL);
+    /* slots, against a direct reading of their definition: a task shares its predecessor's
+     * slot exactly when both are the whole of their (full) bins, of the same pair, and its bin
+     * is not the first of a CTA's bins_per_cta = ceil(bins / ceil(grid / warps)), when that
+     * is TKVK__DECODE_MIN_JOIN or more; with one bin per CTA, slot = task */
+    for (int per = 1; per <= 4; per *= 3)
+        for (int warps = 1; warps <= 8; warps++) {
+            ck_assert_int_eq(tkvk_decode_plan_cpu(lens, 6, hkv, grid, per, warps, &m), TKVK_OK);
+            const int ctas = (grid + warps - 1) / warps;
+            const int w = (m.num_bins + ctas - 1) / ctas;
+            ck_assert_int_eq(m.bins_per_cta, w);
+            ck_assert_int_le(w, warps);
+            int bin_of[64], expect = -1;
+            ck_assert_int_le(m.num_tasks, 64);
+            for (int b = 0; b < grid; b++)
+                for (int d = m.bin_first[b]; d < m.bin_first[b + 1]; d++)
+                    bin_of[d] = b;
+            for (int d = 0; d < m.num_tasks; d++) {
+                int b = bin_of[d];
+                bool alone = m.bin_first[b + 1] - m.bin_first[b] == 1 &&
+                             m.tasks[d].tile_end - m.tasks[d].tile_begin == m.tiles_per_cta;
+                bool joins = d > 0 && alone && w >= TKVK__DECODE_MIN_JOIN && b % w != 0 &&
+                             bin_of[d - 1] == b - 1 &&
+                             m.bin_first[b] - m.bin_first[b - 1] == 1 &&
+                             m.tasks[d - 1].request == m.tasks[d].request &&
+                             m.tasks[d - 1].kv_head == m.tasks[d].kv_head;
+                expect += joins ? 0 : 1;
+                ck_assert_int_eq(m.task_slot[d], expect);
+                if (w == 1)
+                    ck_assert_int_eq(m.task_slot[d], d);
+            }
+            ck_assert_int_eq(m.num_slots, expect + 1);
+            for (int pr = 0; pr < 6 * hkv; pr++) {
+                int n = m.pair_count[pr];
+                if (n == 0) {
+                    ck_assert_int_eq(m.slot_count[pr], 0);
+                    continue;
+                }
+                ck_assert_int_eq(m.slot_first[pr], m.task_slot[m.pair_first[pr]]);
+                ck_assert_int_eq(m.slot_first[pr] + m.slot_count[pr] - 1,
+                                 m.task_slot[m.pair_first[pr] + n - 1]);
+            }
+        }
+    /* too small a map is refused, and a CTA of no warps */
+    ck_assert_int_eq(tkvk_decode_plan_cpu(lens, 6, hkv, grid + 1, 1, 1, &m), TKVK_EINVAL);
+    ck_assert_int_eq(tkvk_decode_plan_cpu(lens, 6, hkv, grid, 1, 0, &m), TKVK_EINVAL);
     tkvk_decode_map_free(&m);
     tkvk_decode_map_free(&m); /* idempotent */
 }
