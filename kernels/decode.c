@@ -194,7 +194,6 @@ int tkvk_decode_plan_cpu(const int32_t *kv_lens, int num_requests, int num_kv_he
         per_cta = min_tiles_per_cta;
     int num_bins = (num_tiles + per_cta - 1) / per_cta;
     int ctas = (grid + cta_warps - 1) / cta_warps;
-    int group = num_bins > 0 ? (num_bins + ctas - 1) / ctas : 1;
 
     int start = 0, ntask = 0, nslot = 0;
     for (int p = 0; p < num_pairs; p++) {
@@ -214,21 +213,21 @@ int tkvk_decode_plan_cpu(const int32_t *kv_lens, int num_requests, int num_kv_he
             map->tasks[ntask].tile_end = end - start;
             map->task_slot[ntask] =
                 nslot + map->pair_count[p] -
-                tkvk__decode_joins(start, start + tiles, per_cta, group, bin);
+                tkvk__decode_joins(start, start + tiles, per_cta, num_bins, ctas, bin);
             ntask++;
             map->pair_count[p]++;
             t = end;
         }
         map->slot_count[p] =
             map->pair_count[p] -
-            tkvk__decode_joins(start, start + tiles, per_cta, group, INT_MAX);
+            tkvk__decode_joins(start, start + tiles, per_cta, num_bins, ctas, INT_MAX);
         nslot += map->slot_count[p];
         start += tiles;
     }
     for (int b = num_bins; b <= grid; b++)
         map->bin_first[b] = ntask;
     map->grid = grid;
-    map->bins_per_cta = group;
+    map->bins_per_cta = (num_bins + ctas - 1) / ctas;
     map->num_slots = nslot;
     map->num_bins = num_bins;
     map->num_tiles = num_tiles;

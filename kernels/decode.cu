@@ -322,8 +322,8 @@ __device__ __forceinline__ size_t row_index(const P &p, int req, int kvh, int r)
 
 /* info[0..5] = num_bins, num_tiles, num_tasks, tiles_per_cta, num_slots, bins_per_cta. Same
  * algorithm as tkvk_decode_plan_cpu(). cta_warps: warps per CTA of the warp-worker kernel;
- * its CTA c takes bins c * G .. + G - 1 for G = ceil(num_bins / CTAs) (all SMs get work when
- * the bins are fewer than the workers), warp j of CTA c is worker c * cta_warps + j, and the
+ * its CTAs share the bins in order, tkvk__decode_cta_first_bin() (all SMs get work when the
+ * bins are fewer than the workers), warp j of CTA c is worker c * cta_warps + j, and the
  * worker_* arrays hold each worker's bin span and first task, for one round trip at its
  * start. */
 __global__ void __launch_bounds__(kPlanThreads, 1)
@@ -353,8 +353,7 @@ __global__ void __launch_bounds__(kPlanThreads, 1)
     if (per_cta < min_tiles)
         per_cta = min_tiles;
     int num_bins = (num_tiles + per_cta - 1) / per_cta;
-    int ctas = (grid + cta_warps - 1) / cta_warps;
-    int group = num_bins > 0 ? (num_bins + ctas - 1) / ctas : 1;
+    const int ctas = (grid + cta_warps - 1) / cta_warps;
 
     /* pass 2: tasks and slots per pair, and the index of each pair's first task and slot
      * (one scan of both: tasks in the low 32 bits, slots in the high) */
@@ -366,7 +365,8 @@ __global__ void __launch_bounds__(kPlanThreads, 1)
             int tiles = tiles_of(kv_lens[p / hkv]), start = pair_count[p];
             if (tiles > 0)
                 count = (start + tiles - 1) / per_cta - start / per_cta + 1;
-            slots = count - tkvk__decode_joins(start, start + tiles, per_cta, group, INT_MAX);
+            slots = count - tkvk__decode_joins(start, start + tiles, per_cta, num_bins, ctas,
+                                               INT_MAX);
         }
         long long total;
         long long first = both_carry + block_exclusive_scan(count | slots << 32, &total);
@@ -399,7 +399,7 @@ __global__ void __launch_bounds__(kPlanThreads, 1)
         tasks[d] = make_int4(p / hkv, p % hkv, t0 - start, t1 - start);
         task_len[d] = len;
         task_slot[d] = slot_first[p] + (d - pair_first[p]) -
-                       tkvk__decode_joins(start, end_all, per_cta, group, bin);
+                       tkvk__decode_joins(start, end_all, per_cta, num_bins, ctas, bin);
     }
     __syncthreads();
     /* pass 4: task and slot counts replace the tile starts; the workers' heads */
@@ -410,9 +410,10 @@ __global__ void __launch_bounds__(kPlanThreads, 1)
     for (int b = num_bins + threadIdx.x; b <= grid; b += blockDim.x)
         bin_first[b] = task_carry;
     for (int w = threadIdx.x; w < grid; w += blockDim.x) {
-        int j = w % cta_warps, b = (w / cta_warps) * group + j;
+        int c = w / cta_warps, j = w % cta_warps;
+        int b = tkvk__decode_cta_first_bin(c, num_bins, ctas) + j;
         int first = 0, num = 0;
-        if (j < group && b < num_bins) {
+        if (c < ctas && b < tkvk__decode_cta_first_bin(c + 1, num_bins, ctas)) {
             first = bin_first[b];
             num = (b + 1 < num_bins ? bin_first[b + 1] : task_carry) - first;
         }
@@ -433,7 +434,7 @@ __global__ void __launch_bounds__(kPlanThreads, 1)
         info[2] = task_carry;
         info[3] = per_cta;
         info[4] = slot_carry;
-        info[5] = group;
+        info[5] = (num_bins + ctas - 1) / ctas;
     }
 }
 

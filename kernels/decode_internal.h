@@ -45,28 +45,43 @@ static inline int tkvk__decode_tiles(int32_t kv_len)
 #define TKVK__HD
 #endif
 
-/* Fewest bins per CTA at which a CTA merges its runs of bins (tkv_kernels.h, slots): with
+/* Bins to CTAs (tkv_kernels.h, slots): num_bins over `ctas` CTAs in order, the first
+ * num_bins % ctas of them one more than the others, so that every SM gets work. */
+static inline TKVK__HD int tkvk__decode_cta_first_bin(int cta, int num_bins, int ctas)
+{
+    int q = num_bins / ctas, rem = num_bins % ctas;
+    return cta * q + (cta < rem ? cta : rem);
+}
+static inline TKVK__HD int tkvk__decode_cta_of_bin(int bin, int num_bins, int ctas)
+{
+    int q = num_bins / ctas, rem = num_bins % ctas;
+    return bin < rem * (q + 1) ? bin / (q + 1) : rem + (bin - rem * (q + 1)) / q;
+}
+
+/* Fewest bins per CTA at which CTAs merge their runs of bins (tkv_kernels.h, slots): with
  * fewer, a pair has few partials anyway, and the merge at the end of the CTA (a pass over
  * the partials in shared memory) costs more than the combine saves (measured on an H200,
  * docs/perf.md). */
 #define TKVK__DECODE_MIN_JOIN 4
 
 /* Slot joins (tkv_kernels.h, slots) among the tasks of a pair of tiles [start, end) in bins
- * up to `upto`, for bins of per_cta tiles, bins_per_cta to a CTA: the bins b in [lo, min(upto,
- * hi)] that are not the first of their CTA, where lo..hi are the bins that the pair covers
- * whole together with the bin before (start <= (b - 1) per_cta, (b + 1) per_cta <= end). A
- * task's slot is its pair's first slot + its index in the pair - the joins up to its bin;
- * the pair's slot count is its task count - all its joins. */
-static inline TKVK__HD int tkvk__decode_joins(int start, int end, int per_cta, int bins_per_cta,
-                                              int upto)
+ * up to `upto`, for num_bins bins of per_cta tiles over `ctas` CTAs: the bins b in [lo,
+ * min(upto, hi)] that are not the first of their CTA, where lo..hi are the bins that the pair
+ * covers whole together with the bin before (start <= (b - 1) per_cta, (b + 1) per_cta <=
+ * end); none when the CTAs get fewer than TKVK__DECODE_MIN_JOIN bins. A task's slot is its
+ * pair's first slot + its index in the pair - the joins up to its bin; the pair's slot count
+ * is its task count - all its joins. */
+static inline TKVK__HD int tkvk__decode_joins(int start, int end, int per_cta, int num_bins,
+                                              int ctas, int upto)
 {
     int lo = (start + per_cta - 1) / per_cta + 1, hi = end / per_cta - 1;
     if (hi > upto)
         hi = upto;
-    if (bins_per_cta < TKVK__DECODE_MIN_JOIN || hi < lo)
+    if (num_bins / ctas < TKVK__DECODE_MIN_JOIN || hi < lo)
         return 0;
-    /* the bins in [0, x] that are not the first of their CTA: x - x / bins_per_cta */
-    return (hi - hi / bins_per_cta) - ((lo - 1) - (lo - 1) / bins_per_cta);
+    /* the bins in [0, x] that are not the first of their CTA: x - (CTA of x) */
+    return (hi - tkvk__decode_cta_of_bin(hi, num_bins, ctas)) -
+           ((lo - 1) - tkvk__decode_cta_of_bin(lo - 1, num_bins, ctas));
 }
 
 /* Splits for the static baseline: enough CTAs over (pairs x splits) to fill `grid` CTA

@@ -350,17 +350,24 @@ START_TEST(test_planner_invariants)
         }
         ck_assert_int_eq(m.bin_first[grid], m.num_tasks);
     }
-    /* slots, against a direct reading of their definition: a task shares its predecessor's
-     * slot exactly when both are the whole of their (full) bins, of the same pair, and its bin
-     * is not the first of a CTA's bins_per_cta = ceil(bins / ceil(grid / warps)), when that
-     * is TKVK__DECODE_MIN_JOIN or more; with one bin per CTA, slot = task */
+    /* slots, against a direct reading of their definition: the CTAs (ceil(grid / warps)) take
+     * the bins in order, the first bins % CTAs of them one more than the others; a task
+     * shares its predecessor's slot exactly when the CTAs take TKVK__DECODE_MIN_JOIN bins or
+     * more, both tasks are the whole of their (full) bins, of the same pair, and its bin is
+     * not the first of its CTA; with one warp per CTA, slot = task */
+    int total_joins = 0;
     for (int per = 1; per <= 4; per *= 3)
         for (int warps = 1; warps <= 8; warps++) {
             ck_assert_int_eq(tkvk_decode_plan_cpu(lens, 6, hkv, grid, per, warps, &m), TKVK_OK);
             const int ctas = (grid + warps - 1) / warps;
-            const int w = (m.num_bins + ctas - 1) / ctas;
-            ck_assert_int_eq(m.bins_per_cta, w);
-            ck_assert_int_le(w, warps);
+            ck_assert_int_eq(m.bins_per_cta, (m.num_bins + ctas - 1) / ctas);
+            ck_assert_int_le(m.bins_per_cta, warps);
+            bool cta_start[64] = {false};
+            for (int c = 0, b = 0; c < ctas; c++) {
+                cta_start[b] = true;
+                b += m.num_bins / ctas + (c < m.num_bins % ctas);
+            }
+            const bool joining = m.num_bins / ctas >= TKVK__DECODE_MIN_JOIN;
             int bin_of[64], expect = -1;
             ck_assert_int_le(m.num_tasks, 64);
             for (int b = 0; b < grid; b++)
@@ -370,14 +377,14 @@ START_TEST(test_planner_invariants)
                 int b = bin_of[d];
                 bool alone = m.bin_first[b + 1] - m.bin_first[b] == 1 &&
                              m.tasks[d].tile_end - m.tasks[d].tile_begin == m.tiles_per_cta;
-                bool joins = d > 0 && alone && w >= TKVK__DECODE_MIN_JOIN && b % w != 0 &&
-                             bin_of[d - 1] == b - 1 &&
+                bool joins = d > 0 && alone && joining && !cta_start[b] && bin_of[d - 1] == b - 1 &&
                              m.bin_first[b] - m.bin_first[b - 1] == 1 &&
                              m.tasks[d - 1].request == m.tasks[d].request &&
                              m.tasks[d - 1].kv_head == m.tasks[d].kv_head;
                 expect += joins ? 0 : 1;
+                total_joins += joins;
                 ck_assert_int_eq(m.task_slot[d], expect);
-                if (w == 1)
+                if (warps == 1)
                     ck_assert_int_eq(m.task_slot[d], d);
             }
             ck_assert_int_eq(m.num_slots, expect + 1);
@@ -392,6 +399,7 @@ START_TEST(test_planner_invariants)
                                  m.task_slot[m.pair_first[pr] + n - 1]);
             }
         }
+    ck_assert_int_gt(total_joins, 0); /* the cases above do merge some slots */
     /* too small a map is refused, and a CTA of no warps */
     ck_assert_int_eq(tkvk_decode_plan_cpu(lens, 6, hkv, grid + 1, 1, 1, &m), TKVK_EINVAL);
     ck_assert_int_eq(tkvk_decode_plan_cpu(lens, 6, hkv, grid, 1, 0, &m), TKVK_EINVAL);
