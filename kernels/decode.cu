@@ -1109,6 +1109,8 @@ template <int D, class M> struct WarpAttend {
     static constexpr int kRowsPerLane = kChunk / kRowStep;
 
     static constexpr size_t smem_bytes() { return (size_t)kStages * kStageBytes; }
+    static_assert(32 * (D + 1) * 4 <= kStages * kStageBytes,
+                  "a held partial (32 rows: O and LSE) fits the warp's stages");
 
     /* Where the chunks of a bin come from: task k's (request, head, tile range), length and
      * slot. */

@@ -101,8 +101,9 @@ void tkvk__decode_kernel(int which);
  * warps per row (1, 2, 4, 8, 16) over S slices of the head dim (1, 2, 4; up to D / 32);
  * 0 the launcher's choice. */
 void tkvk__decode_tune(int combine);
-/* Benchmarks: resident warps per SM of the warp-worker kernel in plans made from now on (a
- * shared-memory carve-out that holds that many); 0 the launcher's choice, -1 as many as fit. */
+/* Benchmarks: warp workers per CTA (one CTA per SM, held by a shared-memory carve-out) of the
+ * warp-worker kernel in plans made from now on, at most 8; 0 the launcher's choice, -1 as many
+ * as fit. */
 void tkvk__decode_warps_per_sm(int warps);
 
 #ifdef __cplusplus
