@@ -422,8 +422,9 @@ __global__ void __launch_bounds__(kPlanThreads, 1)
             /* holds: the bin's only task shares its slot with a neighbour's (joins are
              * consecutive tasks), so its partial waits in shared memory for the CTA's merge */
             const int slot = task_slot[first];
-            const bool holds = num == 1 && ((first > 0 && task_slot[first - 1] == slot) ||
-                                            (first + 1 < task_carry && task_slot[first + 1] == slot));
+            const bool holds =
+                num == 1 && ((first > 0 && task_slot[first - 1] == slot) ||
+                             (first + 1 < task_carry && task_slot[first + 1] == slot));
             worker_task0[w] = tasks[first];
             worker_aux0[w] = make_int4(task_len[first], slot, holds, 0);
         }
@@ -1350,7 +1351,8 @@ template <int D, class M> struct WarpAttend {
         }
         cp_async_wait<0>();
         if (holds) /* cc is still the task's cursor: the loop ended at its last chunk */
-            held = Held{cc.slot, cc.req, cc.kvh, cc.starts, cc.end == (cc.len + kChunk - 1) / kChunk};
+            held = Held{cc.slot, cc.req, cc.kvh, cc.starts,
+                        cc.end == (cc.len + kChunk - 1) / kChunk};
         return held;
     }
 };
@@ -1364,7 +1366,7 @@ template <int D>
 __device__ void merge_held(const DecParams &p, const uint8_t *smem, size_t warp_bytes, int slot,
                            int req, int kvh, bool starts, bool ends)
 {
-    constexpr int V = D / 32; /* dims per lane: 2, 4 or 8, in float2 / float4 accesses */
+    constexpr int V = D / 32; /* dims per lane: 2, 4 or 8, read and written as float2 */
     __shared__ int s_slot[kMaxCtaWarps];
     __shared__ unsigned char s_starts[kMaxCtaWarps], s_ends[kMaxCtaWarps];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;

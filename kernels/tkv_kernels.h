@@ -243,13 +243,13 @@ typedef struct tkvk_decode_task {
  * max(ceil(num_tiles / grid), min_tiles_per_cta): the floor keeps small batches from being cut
  * into pieces whose merge costs more than it saves.
  *
- * Slots: where the warp-worker kernel leaves each task's partial result. Of its CTAs of
- * cta_warps warps, CTA c takes bins c * bins_per_cta .. + bins_per_cta - 1, bins_per_cta =
- * ceil(num_bins / ceil(grid / cta_warps)) (so that few bins still reach every SM), and, with
- * 4 or more bins to a CTA, a run of consecutive bins of one CTA that lie whole inside one pair
- * (one task each) is merged in the CTA into one slot; every other task has a slot of its own. A pair's slots are
- * slot_first[p] .. + slot_count[p], task i's is task_slot[i]. With one bin per CTA the slots
- * are the task indices. */
+ * Slots: where the warp-worker kernel leaves each task's partial result. Its ceil(grid /
+ * cta_warps) CTAs of cta_warps warps share the bins in order, the first num_bins % CTAs of
+ * them one bin more than the others (so that few bins still reach every SM; bins_per_cta is
+ * the most a CTA takes). When every CTA takes 4 or more, a run of consecutive bins of one CTA
+ * that lie whole inside one pair (one task each) is merged in the CTA into one slot; every
+ * other task has a slot of its own. A pair's slots are slot_first[p] .. + slot_count[p], task
+ * i's is task_slot[i]. With one warp per CTA the slots are the task indices. */
 typedef struct tkvk_decode_map {
     int num_pairs, grid, num_bins, num_tiles, num_tasks, tiles_per_cta;
     int bins_per_cta, num_slots;
