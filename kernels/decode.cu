@@ -1243,8 +1243,7 @@ template <int D, class M> struct WarpAttend {
         const int R = p.rows;
         int first = 0, num = 1;
         Held held{-1, 0, 0, false, false};
-        bool merged = false; /* the CTA merges the bin's only task's partial */
-        bool holds = false;  /* ... which is in smem */
+        bool merged = false; /* the CTA merges the bin's only task's partial, left in smem */
         Cursor ld{}, cc{};
         if (p.static_splits) {
             /* one (KV head, request, split) per CTA, as the fixed grid of the baseline */
@@ -1337,10 +1336,9 @@ template <int D, class M> struct WarpAttend {
                     M::template finish<true>(p, nullptr, nullptr, cc.req, cc.kvh, g, c, v_mul,
                                              ms);
                 } else {
-                    holds = merged;
-                    float *po = holds ? reinterpret_cast<float *>(smem)
+                    float *po = merged ? reinterpret_cast<float *>(smem)
                                       : p.part_o + (size_t)cc.slot * R * D;
-                    float *pl = holds ? po + R * D : p.part_lse + (size_t)cc.slot * R;
+                    float *pl = merged ? po + R * D : p.part_lse + (size_t)cc.slot * R;
                     __syncwarp(); /* every lane is done reading the stages */
                     M::template finish<false>(p, po, pl, cc.req, cc.kvh, g, c, v_mul, ms);
                 }
@@ -1350,7 +1348,7 @@ template <int D, class M> struct WarpAttend {
                 break;
         }
         cp_async_wait<0>();
-        if (holds) /* cc is still the task's cursor: the loop ended at its last chunk */
+        if (merged) /* cc is still the task's cursor: the loop ended at its last chunk */
             held = Held{cc.slot, cc.req, cc.kvh, cc.starts,
                         cc.end == (cc.len + kChunk - 1) / kChunk};
         return held;

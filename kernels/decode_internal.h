@@ -24,9 +24,9 @@ extern "C" {
  * FP8 K and V bytes the task reads (64 x 2 x D per tile), so the floor is ceil(rows / 16): one
  * tile up to 16 rows, two up to 32. Timed against floors 1, 2, 4 and 8 on an H200
  * (docs/perf.md). */
-static inline int tkvk__decode_warp_min_tiles(int rows)
+static inline int tkvk__decode_warp_min_tiles(int rows) /* rows >= 1 */
 {
-    return rows <= 16 ? 1 : (rows + 15) / 16;
+    return (rows + 15) / 16;
 }
 
 /* Shape checks common to every decode entry point (pointers are only checked for NULL;
