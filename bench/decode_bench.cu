@@ -17,7 +17,7 @@
  * Also timed: the dynamic step through the CTA kernel (what the launcher used before the
  * warp-worker kernel), and the dynamic step with floors of 1, 2, 4 and 8 tiles per worker (or,
  * with --combine, with the launcher's combine shape and 16 warps per row over 1, 2 and 4
- * slices of the head dim; with --warps, 2, 4, 6 and 8 warp workers per CTA, one CTA per SM).
+ * slices of the head dim; with --warps, 8, 4, 2 and 1 warp workers per CTA, 8 per SM).
  *
  * Usage: decode_bench [--json] [--peer FILE] [--quick] [--combine | --warps] [--values a,b,c,d]
  *                     [--case NAME] [--hq N] [--qlen N]
@@ -25,7 +25,7 @@
  *   --peer   FILE: JSON from bench/flashinfer_decode.py; its flashinfer_us joins the rows
  *   --quick  fewer replays (smoke runs)
  *   --values the sweep's four settings instead of its defaults (floors; with --combine,
- *            K + 100 S, 0 for the launcher's choice; with --warps, warps per CTA, -1 for all)
+ *            K + 100 S, 0 for the launcher's choice; with --warps, warps per CTA)
  *   --case, --hq, --qlen  run only the matching rows (profiling)
  * Exit 77 when no GPU is present.
  */
@@ -97,12 +97,12 @@ static int g_reps = 50, g_warm = 5;
 /* The last four columns: the dynamic step with each of these floors (tiles per worker); with
  * --combine each of these combine shapes (tkvk__decode_tune: 0 the launcher's choice, K warps
  * per row over S slices of the head dim: K + 100 S); with --warps each of these numbers of
- * warp workers per CTA (one CTA per SM) of the warp-worker kernel (-1: as many as fit). */
+ * warp workers per CTA of the warp-worker kernel (8 per SM in all). */
 enum { SWEEP_FLOORS, SWEEP_COMBINE, SWEEP_WARPS };
 static int g_sweep = SWEEP_FLOORS;
-static const int kSweep[3][4] = {{1, 2, 4, 8}, {0, 116, 216, 416}, {2, 4, 6, 8}};
+static const int kSweep[3][4] = {{1, 2, 4, 8}, {0, 116, 216, 416}, {8, 4, 2, 1}};
 static const char *const kSweepLabel[3] = {"floor 1/2/4/8 us", "combine auto/16x1/16x2/16x4 us",
-                                           "warps/CTA 2/4/6/8 us"};
+                                           "warps/CTA 8/4/2/1 us"};
 static const char *const kSweepKey[3] = {"dynamic_floor_us", "dynamic_combine_us",
                                          "dynamic_cta_warps_us"};
 
@@ -372,7 +372,7 @@ static Row run(const BenchCase &bc, int hq, int hkv, int q_len, cudaStream_t s)
      * occupancy); its output goes to d_out2 */
     auto time_kernel = [&](int which, int warps) {
         tkvk__decode_kernel(which);
-        tkvk__decode_warps_per_sm(warps);
+        tkvk__decode_cta_warps(warps);
         tkvk_decode_plan *kp;
         cudaGraphExec_t kexec;
         TK(tkvk_decode_plan_create(&kp, nreq, hkv, (hq / hkv) * q_len, D));
@@ -389,7 +389,7 @@ static Row run(const BenchCase &bc, int hq, int hkv, int q_len, cudaStream_t s)
         CK(cudaGraphExecDestroy(kexec));
         tkvk_decode_plan_destroy(kp);
         tkvk__decode_kernel(TKVK__DEC_AUTO);
-        tkvk__decode_warps_per_sm(0);
+        tkvk__decode_cta_warps(0);
         return us;
     };
     /* floors: re-plan outside the graph, which reads whatever map is there; combine: a new

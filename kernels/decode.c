@@ -194,6 +194,7 @@ int tkvk_decode_plan_cpu(const int32_t *kv_lens, int num_requests, int num_kv_he
         per_cta = min_tiles_per_cta;
     int num_bins = (num_tiles + per_cta - 1) / per_cta;
     int ctas = (grid + cta_warps - 1) / cta_warps;
+    const tkvk__decode_bins bins = tkvk__decode_bins_of(per_cta, num_bins, ctas);
 
     int start = 0, ntask = 0, nslot = 0;
     for (int p = 0; p < num_pairs; p++) {
@@ -213,14 +214,14 @@ int tkvk_decode_plan_cpu(const int32_t *kv_lens, int num_requests, int num_kv_he
             map->tasks[ntask].tile_end = end - start;
             map->task_slot[ntask] =
                 nslot + map->pair_count[p] -
-                tkvk__decode_joins(start, start + tiles, per_cta, num_bins, ctas, bin);
+                tkvk__decode_joins(&bins, start, start + tiles, bin);
             ntask++;
             map->pair_count[p]++;
             t = end;
         }
         map->slot_count[p] =
             map->pair_count[p] -
-            tkvk__decode_joins(start, start + tiles, per_cta, num_bins, ctas, INT_MAX);
+            tkvk__decode_joins(&bins, start, start + tiles, INT_MAX);
         nslot += map->slot_count[p];
         start += tiles;
     }

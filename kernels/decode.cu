@@ -42,7 +42,10 @@ namespace {
 
 constexpr int kTileTokens = TKVK_DECODE_TILE_TOKENS;
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr int kPlanThreads = 1024;
+constexpr int kPlanThreads = 512;
+/* Per-pair values of the plan kernel: request, first bin, last whole bin, join base, length,
+ * tile start, first task, first slot. */
+constexpr int kPlanPairInts = 8;
 /* Tasks of a bin kept in shared memory (a bin with more reads the rest from global memory). */
 constexpr int kTaskWindow = 128;
 /* Warp workers per CTA of the warp-worker kernel at most (its launch bounds). */
@@ -76,8 +79,8 @@ struct DecParams {
     const int32_t *task_len; /* kv_len of each task's request, written by the plan */
     const int32_t *task_slot; /* the slot of each task's partial (warp-worker kernel) */
     const int32_t *bin_first;
-    /* warp-worker kernel: each worker's (first task, task count), first task, and its
-     * request's length, slot and whether the CTA merges its partial (plan kernel, pass 4) */
+    /* warp-worker kernel: each worker's tasks [first, end), first task, and its request's
+     * length, slot and whether the CTA merges its partial (plan kernel, pass 3) */
     const int2 *worker_span;
     const int4 *worker_task0;
     const int4 *worker_aux0;
@@ -321,58 +324,94 @@ __device__ __forceinline__ size_t row_index(const P &p, int req, int kvh, int r)
 }
 
 /* info[0..5] = num_bins, num_tiles, num_tasks, tiles_per_cta, num_slots, bins_per_cta. Same
- * algorithm as tkvk_decode_plan_cpu(). cta_warps: warps per CTA of the warp-worker kernel;
- * its CTAs share the bins in order, tkvk__decode_cta_first_bin() (all SMs get work when the
- * bins are fewer than the workers), warp j of CTA c is worker c * cta_warps + j, and the
- * worker_* arrays hold each worker's bin span and first task, for one round trip at its
- * start. */
+ * map as tkvk_decode_plan_cpu(), which reads the rules directly; this kernel runs on one SM,
+ * where every instruction and every dependent step counts (timed by phase with Nsight
+ * Compute, docs/perf.md), so it works out each pair's bins once (pass 2), each task's from
+ * them with one division, and the values common to all threads in one thread. Its CTAs
+ * (`ctas` of cta_warps warps) share the bins in order (tkvk__decode_bins), warp j of CTA c is
+ * worker c * cta_warps + j, and the worker_* arrays hold each worker's task range [first,
+ * end), first task, and its request's length, slot and whether the CTA merges its partial,
+ * for one round trip at its start. kSmem: the per-pair values of passes 1-3 (kPlanPairInts)
+ * live in dynamic shared memory (pass 3's binary search reads them ~9 times in a row); else
+ * in the output arrays and pair_scratch (4 ints a pair). */
+template <bool kSmem>
 __global__ void __launch_bounds__(kPlanThreads, 1)
     dec_plan_kernel(const int32_t *kv_lens, int num_requests, int hkv, int grid, int min_tiles,
-                    int cta_warps, int4 *tasks, int32_t *task_len, int32_t *task_slot,
-                    int32_t *bin_first, int2 *worker_span, int4 *worker_task0,
-                    int4 *worker_aux0, int32_t *pair_first, int32_t *pair_count,
-                    int32_t *slot_first, int32_t *slot_count, int32_t *info)
+                    int cta_warps, int ctas, int4 *tasks, int32_t *task_len,
+                    int32_t *task_slot, int32_t *bin_first, int2 *worker_span,
+                    int4 *worker_task0, int4 *worker_aux0, int32_t *pair_first,
+                    int32_t *pair_count, int32_t *slot_first, int32_t *slot_count,
+                    int32_t *info, int32_t *pair_scratch)
 {
+    extern __shared__ int32_t plan_smem[];
+    __shared__ tkvk__decode_bins s_bins;
     pdl_wait(); /* the previous step's kernels may still read the map */
     pdl_trigger();
-    int num_pairs = num_requests * hkv;
-    /* pass 1: tile starts of every pair (kept in pair_count until pass 2) */
+    const int num_pairs = num_requests * hkv;
+    int32_t *const scratch = kSmem ? plan_smem : pair_scratch;
+    /* until pass 4 pair_count holds the tile starts and slot_count the lengths */
+    int32_t *const p_len = kSmem ? plan_smem + 4 * num_pairs : slot_count;
+    int32_t *const p_start = kSmem ? plan_smem + 5 * num_pairs : pair_count;
+    int32_t *const p_first = kSmem ? plan_smem + 6 * num_pairs : pair_first;
+    int32_t *const p_slot = kSmem ? plan_smem + 7 * num_pairs : slot_first;
+    /* a pair's request, first bin, the last bin it covers whole with the bin before, and the
+     * bins before its first joinable one that are not the first of their CTA (joins) */
+    int32_t *const p_req = scratch, *const p_bin0 = scratch + num_pairs;
+    int32_t *const p_hi = scratch + 2 * num_pairs, *const p_base = scratch + 3 * num_pairs;
+    /* pass 1: each pair's length and tile start */
     int carry = 0;
     for (int base = 0; base < num_pairs; base += blockDim.x) {
-        int p = base + threadIdx.x;
-        int tiles = p < num_pairs ? tiles_of(kv_lens[p / hkv]) : 0;
+        int p = base + threadIdx.x, req = p / hkv;
+        int32_t len = p < num_pairs ? max(kv_lens[req], 0) : 0;
         int total;
-        int start = block_exclusive_scan(tiles, &total);
-        if (p < num_pairs)
-            pair_count[p] = carry + start;
+        int start = block_exclusive_scan(tiles_of(len), &total);
+        if (p < num_pairs) {
+            p_req[p] = req;
+            p_len[p] = len;
+            p_start[p] = carry + start;
+        }
         carry += total;
     }
+    const int num_tiles = carry;
+    if (threadIdx.x == 0) {
+        int per_cta = (num_tiles + grid - 1) / grid;
+        per_cta = per_cta < min_tiles ? min_tiles : per_cta;
+        s_bins = tkvk__decode_bins_of(per_cta, (num_tiles + per_cta - 1) / per_cta, ctas);
+    }
     __syncthreads();
-    int num_tiles = carry;
-    int per_cta = (num_tiles + grid - 1) / grid;
-    if (per_cta < min_tiles)
-        per_cta = min_tiles;
-    int num_bins = (num_tiles + per_cta - 1) / per_cta;
-    const int ctas = (grid + cta_warps - 1) / cta_warps;
+    const tkvk__decode_bins bins = s_bins;
+    const int per_cta = bins.per_cta, num_bins = bins.num_bins;
+    const bool joining = bins.q >= TKVK__DECODE_MIN_JOIN;
 
-    /* pass 2: tasks and slots per pair, and the index of each pair's first task and slot
-     * (one scan of both: tasks in the low 32 bits, slots in the high) */
+    /* pass 2: each pair's tasks and slots, and the index of its first task and slot (one
+     * scan of both: tasks in the low 32 bits, slots in the high). The joins of
+     * tkvk__decode_joins(): bins x in [lo, hi] not first of their CTA count
+     * (x - cta(x)) - base with base = (lo - 1) - cta(lo - 1). */
     long long both_carry = 0;
     for (int base = 0; base < num_pairs; base += blockDim.x) {
         int p = base + threadIdx.x;
         long long count = 0, slots = 0;
         if (p < num_pairs) {
-            int tiles = tiles_of(kv_lens[p / hkv]), start = pair_count[p];
-            if (tiles > 0)
-                count = (start + tiles - 1) / per_cta - start / per_cta + 1;
-            slots = count - tkvk__decode_joins(start, start + tiles, per_cta, num_bins, ctas,
-                                               INT_MAX);
+            int start = p_start[p], end = start + tiles_of(p_len[p]);
+            int bin0 = start / per_cta, hi = end / per_cta - 1;
+            int lo = bin0 + (start != bin0 * per_cta) + 1;
+            int jbase = 0;
+            if (end > start)
+                count = (end - 1) / per_cta - bin0 + 1;
+            slots = count;
+            if (joining && hi >= lo) {
+                jbase = (lo - 1) - tkvk__decode_cta_of_bin(&bins, lo - 1);
+                slots -= (hi - tkvk__decode_cta_of_bin(&bins, hi)) - jbase;
+            }
+            p_bin0[p] = bin0;
+            p_hi[p] = hi;
+            p_base[p] = jbase;
         }
         long long total;
         long long first = both_carry + block_exclusive_scan(count | slots << 32, &total);
         if (p < num_pairs) {
-            pair_first[p] = (int)(first & 0xffffffff);
-            slot_first[p] = (int)(first >> 32);
+            p_first[p] = (int)(first & 0xffffffff);
+            p_slot[p] = (int)(first >> 32);
         }
         both_carry += total;
     }
@@ -384,51 +423,76 @@ __global__ void __launch_bounds__(kPlanThreads, 1)
         int lo = 0, hi = num_pairs - 1;
         while (lo < hi) {
             int mid = (lo + hi + 1) >> 1;
-            if (pair_first[mid] <= d)
+            if (p_first[mid] <= d)
                 lo = mid;
             else
                 hi = mid - 1;
         }
-        int p = lo;
-        int32_t len = max(kv_lens[p / hkv], 0);
-        int start = pair_count[p], end_all = start + tiles_of(len);
-        int bin = start / per_cta + (d - pair_first[p]);
-        int t0 = max(start, bin * per_cta), t1 = min(end_all, (bin + 1) * per_cta);
-        if (t0 % per_cta == 0)
-            bin_first[t0 / per_cta] = d;
-        tasks[d] = make_int4(p / hkv, p % hkv, t0 - start, t1 - start);
+        const int p = lo, k = d - p_first[p], req = p_req[p], bin0 = p_bin0[p];
+        const int32_t len = p_len[p];
+        const int start = p_start[p], end = start + tiles_of(len);
+        const int bin = bin0 + k, bin_hi = p_hi[p];
+        const int join_lo = bin0 + (start != bin0 * per_cta) + 1;
+        const int t0 = max(start, bin * per_cta), t1 = min(end, (bin + 1) * per_cta);
+        const int c = tkvk__decode_cta_of_bin(&bins, bin);
+        const int c_first = tkvk__decode_cta_first_bin(&bins, c);
+        int joins = 0; /* tkvk__decode_joins(&bins, start, end, bin) */
+        if (joining && bin >= join_lo && bin_hi >= join_lo) {
+            if (bin <= bin_hi) {
+                joins = (bin - c) - p_base[p];
+            } else { /* all the pair's joins: its tasks - its slots */
+                int next = p + 1 < num_pairs;
+                joins = ((next ? p_first[p + 1] : task_carry) - p_first[p]) -
+                        ((next ? p_slot[p + 1] : slot_carry) - p_slot[p]);
+            }
+        }
+        const int4 tk = make_int4(req, p - req * hkv, t0 - start, t1 - start);
+        const int slot = p_slot[p] + k - joins;
+        tasks[d] = tk;
         task_len[d] = len;
-        task_slot[d] = slot_first[p] + (d - pair_first[p]) -
-                       tkvk__decode_joins(start, end_all, per_cta, num_bins, ctas, bin);
+        task_slot[d] = slot;
+        if (t0 == bin * per_cta) {
+            /* the bin's head: the first task of its worker, and the end of the bin before */
+            bin_first[bin] = d;
+            const int w = c * cta_warps + bin - c_first;
+            /* holds: the task shares its slot with the one before (its bin is joined) or the
+             * one after (the next bin is): then it is its bin's only task, and its partial
+             * waits in shared memory for the CTA's merge */
+            const bool joined = joining && bin >= join_lo && bin <= bin_hi && bin != c_first;
+            const bool next_joined = joining && bin + 1 >= join_lo && bin + 1 <= bin_hi &&
+                                     bin + 1 != tkvk__decode_cta_first_bin(&bins, c + 1);
+            worker_span[w].x = d;
+            worker_task0[w] = tk;
+            worker_aux0[w] = make_int4(len, slot, joined || next_joined, 0);
+            if (bin > 0)
+                worker_span[bin != c_first ? w - 1
+                                           : (c - 1) * cta_warps + bin - 1 -
+                                                 tkvk__decode_cta_first_bin(&bins, c - 1)]
+                    .y = d;
+        }
     }
     __syncthreads();
-    /* pass 4: task and slot counts replace the tile starts; the workers' heads */
+    /* pass 4: each pair's first task and slot and their counts (the counts replace the tile
+     * starts and lengths); the last bin's end; the workers without a bin */
     for (int p = threadIdx.x; p < num_pairs; p += blockDim.x) {
-        pair_count[p] = (p + 1 < num_pairs ? pair_first[p + 1] : task_carry) - pair_first[p];
-        slot_count[p] = (p + 1 < num_pairs ? slot_first[p + 1] : slot_carry) - slot_first[p];
+        int first = p_first[p], slot = p_slot[p];
+        pair_count[p] = (p + 1 < num_pairs ? p_first[p + 1] : task_carry) - first;
+        slot_count[p] = (p + 1 < num_pairs ? p_slot[p + 1] : slot_carry) - slot;
+        pair_first[p] = first;
+        slot_first[p] = slot;
     }
     for (int b = num_bins + threadIdx.x; b <= grid; b += blockDim.x)
         bin_first[b] = task_carry;
-    for (int w = threadIdx.x; w < grid; w += blockDim.x) {
-        int c = w / cta_warps, j = w % cta_warps;
-        int b = tkvk__decode_cta_first_bin(c, num_bins, ctas) + j;
-        int first = 0, num = 0;
-        if (c < ctas && b < tkvk__decode_cta_first_bin(c + 1, num_bins, ctas)) {
-            first = bin_first[b];
-            num = (b + 1 < num_bins ? bin_first[b + 1] : task_carry) - first;
-        }
-        worker_span[w] = make_int2(first, num);
-        if (num > 0) {
-            /* holds: the bin's only task shares its slot with a neighbour's (joins are
-             * consecutive tasks), so its partial waits in shared memory for the CTA's merge */
-            const int slot = task_slot[first];
-            const bool holds =
-                num == 1 && ((first > 0 && task_slot[first - 1] == slot) ||
-                             (first + 1 < task_carry && task_slot[first + 1] == slot));
-            worker_task0[w] = tasks[first];
-            worker_aux0[w] = make_int4(task_len[first], slot, holds, 0);
-        }
+    if (threadIdx.x == 0 && num_bins > 0) {
+        int c = tkvk__decode_cta_of_bin(&bins, num_bins - 1);
+        worker_span[c * cta_warps + num_bins - 1 - tkvk__decode_cta_first_bin(&bins, c)].y =
+            task_carry;
     }
+    for (int c = threadIdx.x; c < ctas; c += blockDim.x)
+        for (int j = tkvk__decode_cta_first_bin(&bins, c + 1) -
+                     tkvk__decode_cta_first_bin(&bins, c);
+             j < cta_warps; j++)
+            worker_span[c * cta_warps + j] = make_int2(0, 0);
     if (threadIdx.x == 0) {
         info[0] = num_bins;
         info[1] = num_tiles;
@@ -1270,7 +1334,7 @@ template <int D, class M> struct WarpAttend {
             const int4 tk0 = p.worker_task0[worker];
             const int4 aux0 = p.worker_aux0[worker];
             first = span.x;
-            num = span.y;
+            num = span.y - span.x;
             if (num <= 0)
                 return held;
             merged = aux0.z != 0;
@@ -2192,20 +2256,20 @@ int g_kernel = TKVK__DEC_AUTO;
 /* Set by tkvk__decode_tune() (benchmarks, tests): the combine's shape; 0 the launcher's
  * choice. */
 int g_combine = 0;
-/* Set by tkvk__decode_warps_per_sm() (benchmarks): warp workers per CTA (one CTA per SM) of
- * the warp-worker kernel in plans made from now on; 0 kWarpWorkersPerSm, -1 as many as fit. */
-int g_warps_per_sm = 0;
+/* Set by tkvk__decode_cta_warps() (benchmarks): warps per CTA of the warp-worker kernel in
+ * plans made from now on (an SM still holds kWarpWorkersPerSm of them); 0 the launcher's
+ * choice. */
+int g_cta_warps = 0;
 /* Eight: measured on an H200 against 9 to 13 (as many as fit for WarpMathT at D = 128, which
  * leaves L1 28 KB), eight was as fast or faster on nearly every benchmark case (docs/perf.md). */
 constexpr int kWarpWorkersPerSm = 8;
 
-/* Warps per CTA of a warp-worker variant of `smem` bytes a warp: the setting, at most
- * kMaxCtaWarps and as many as `optin` bytes of shared memory a CTA hold. */
-int dec_cta_warps(size_t smem, int optin, int setting)
+/* Warp workers of `smem` bytes each that a CTA of `optin` bytes holds, at most `want` and
+ * kMaxCtaWarps (at least 1). */
+int dec_fit_warps(size_t smem, int optin, int want)
 {
-    int w = setting > 0 ? setting : setting < 0 ? kMaxCtaWarps : kWarpWorkersPerSm;
     int fit = smem > 0 ? (int)(optin / smem) : 1;
-    w = w < kMaxCtaWarps ? w : kMaxCtaWarps;
+    int w = want < kMaxCtaWarps ? want : kMaxCtaWarps;
     w = w < fit ? w : fit;
     return w < 1 ? 1 : w;
 }
@@ -2273,6 +2337,7 @@ struct tkvk_decode_plan {
     int4 *tasks;
     int32_t *task_len, *task_slot, *bin_first, *pair_first, *pair_count;
     int32_t *slot_first, *slot_count, *info;
+    int32_t *pair_scratch; /* the plan kernel's per-pair values that shared memory cannot hold */
     int2 *worker_span;
     int4 *worker_task0, *worker_aux0;
     float *part_o, *part_lse;
@@ -2283,6 +2348,8 @@ struct tkvk_decode_plan {
  * copies of the library (e.g. its own and libkvclient's), and a plan made by one may be used
  * by the other, so every launcher makes sure of them once per process for its own copy. */
 static int dec_set_smem_limits_now(void);
+/* The plan kernel's dynamic shared memory at most (set with the limits) */
+static size_t g_plan_smem_max = 0;
 static int dec_set_smem_limits(void)
 {
     static std::once_flag once;
@@ -2308,6 +2375,12 @@ static int dec_set_smem_limits_now(void)
     int optin = 0, rc = dec_smem_optin(&optin);
     if (rc)
         return rc;
+    cudaFuncAttributes plan_attr;
+    TKVK_CUDA_TRY(cudaFuncGetAttributes(&plan_attr, (const void *)dec_plan_kernel<true>));
+    g_plan_smem_max = (size_t)optin - plan_attr.sharedSizeBytes;
+    TKVK_CUDA_TRY(cudaFuncSetAttribute((const void *)dec_plan_kernel<true>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)g_plan_smem_max));
     for (int which = TKVK__DEC_AUTO; which <= TKVK__DEC_WARP_M16; which++)
         for (int i = 0; i < 3; i++)
             for (int f = 0; f < 2; f++)
@@ -2315,8 +2388,9 @@ static int dec_set_smem_limits_now(void)
                     for (int q8 = 0; q8 <= f; q8++) {
                         AttendVariant v = pick_variant(dims[i], f != 0, row_counts[ri], q8 != 0,
                                                        which);
-                        size_t most = v.threads == 32 ? v.smem * dec_cta_warps(v.smem, optin, -1)
-                                                      : v.smem;
+                        size_t most = v.threads == 32
+                                          ? v.smem * dec_fit_warps(v.smem, optin, kMaxCtaWarps)
+                                          : v.smem;
                         TKVK_CUDA_TRY(cudaFuncSetAttribute(
                             (const void *)v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                             (int)most));
@@ -2348,7 +2422,7 @@ extern "C" int tkvk_decode_plan_create(tkvk_decode_plan **out, int max_requests,
     tkvk_decode_plan *pl = (tkvk_decode_plan *)calloc(1, sizeof *pl);
     if (!pl)
         return tkvk__fail(TKVK_EINVAL, "decode_plan_create: out of memory");
-    int rc = TKVK_OK, occ = 0, warps = 0;
+    int rc = TKVK_OK, occ = 0;
     size_t pairs = (size_t)max_requests * num_kv_heads;
     AttendVariant v = pick_variant(head_dim, true, max_rows, true, g_kernel);
     cudaError_t e;
@@ -2368,25 +2442,26 @@ extern "C" int tkvk_decode_plan_create(tkvk_decode_plan **out, int max_requests,
         goto fail;
     pl->cta_warps = 1;
     if (v.threads == 32) {
-        /* the warp-worker kernel: one CTA of `warps` workers per SM, by a shared-memory
-         * carve-out that holds it and leaves the rest of the SM's memory to L1 */
+        /* the warp-worker kernel: kWarpWorkersPerSm workers an SM in CTAs of cta_warps, held
+         * there by a shared-memory carve-out that leaves the rest of the SM's memory to L1 */
         int carve = cudaSharedmemCarveoutDefault, smem_sm = 0, optin = 0;
         if ((rc = dec_smem_optin(&optin)) != TKVK_OK)
             goto fail;
-        warps = dec_cta_warps(v.smem, optin, g_warps_per_sm);
+        int per_sm = dec_fit_warps(v.smem, optin, kWarpWorkersPerSm);
+        pl->cta_warps = g_cta_warps > 0 && g_cta_warps < per_sm ? g_cta_warps : per_sm;
+        occ = per_sm / pl->cta_warps;
         DEC_TRY(cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor,
                                        pl->device));
+        /* each CTA also takes 1 KB of the SM's shared memory for the system */
+        size_t smem_need = (size_t)occ * (pl->cta_warps * v.smem + 1024);
         if (smem_sm > 0)
-            carve = (int)(((warps * v.smem + 1024) * 100 + smem_sm - 1) / smem_sm);
+            carve = (int)((smem_need * 100 + smem_sm - 1) / smem_sm);
         DEC_TRY(cudaFuncSetAttribute((const void *)v.fn,
                                      cudaFuncAttributePreferredSharedMemoryCarveout,
                                      carve > 100 ? 100 : carve));
-        pl->cta_warps = warps;
+    } else {
+        DEC_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, v.fn, v.threads, v.smem));
     }
-    DEC_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, v.fn, v.threads * pl->cta_warps,
-                                                          v.smem * pl->cta_warps));
-    if (warps > 0)
-        occ = 1;
     if (occ < 1)
         occ = 1;
     pl->grid = pl->num_sms * occ * pl->cta_warps;
@@ -2409,6 +2484,7 @@ extern "C" int tkvk_decode_plan_create(tkvk_decode_plan **out, int max_requests,
     DEC_TRY(cudaMalloc((void **)&pl->pair_count, pairs * sizeof(int32_t)));
     DEC_TRY(cudaMalloc((void **)&pl->slot_first, pairs * sizeof(int32_t)));
     DEC_TRY(cudaMalloc((void **)&pl->slot_count, pairs * sizeof(int32_t)));
+    DEC_TRY(cudaMalloc((void **)&pl->pair_scratch, pairs * 4 * sizeof(int32_t)));
     DEC_TRY(cudaMalloc((void **)&pl->info, 6 * sizeof(int32_t)));
     DEC_TRY(cudaMalloc((void **)&pl->part_o,
                        (size_t)pl->task_cap * max_rows * head_dim * sizeof(float)));
@@ -2436,6 +2512,7 @@ extern "C" void tkvk_decode_plan_destroy(tkvk_decode_plan *pl)
     cudaFree(pl->pair_count);
     cudaFree(pl->slot_first);
     cudaFree(pl->slot_count);
+    cudaFree(pl->pair_scratch);
     cudaFree(pl->info);
     cudaFree(pl->part_o);
     cudaFree(pl->part_lse);
@@ -2476,12 +2553,19 @@ extern "C" int tkvk_decode_plan_cuda(tkvk_decode_plan *pl, const int32_t *kv_len
                           num_requests, pl->max_requests);
     if (num_requests > 0 && !kv_lens)
         return tkvk__fail(TKVK_EINVAL, "decode_plan_cuda: kv_lens is NULL");
-    TKVK_CUDA_TRY(launch_pdl(dec_plan_kernel, dim3(1), dim3(kPlanThreads), 0,
-                             (cudaStream_t)stream, kv_lens, num_requests, pl->num_kv_heads,
-                             pl->grid, pl->min_tiles, pl->cta_warps, pl->tasks, pl->task_len,
+    int rc = dec_set_smem_limits();
+    if (rc)
+        return rc;
+    /* the per-pair values in shared memory where they fit (up to ~7K pairs on an H200) */
+    size_t smem = (size_t)num_requests * pl->num_kv_heads * kPlanPairInts * sizeof(int32_t);
+    bool in_smem = smem <= g_plan_smem_max;
+    TKVK_CUDA_TRY(launch_pdl(in_smem ? dec_plan_kernel<true> : dec_plan_kernel<false>, dim3(1),
+                             dim3(kPlanThreads), in_smem ? smem : 0, (cudaStream_t)stream,
+                             kv_lens, num_requests, pl->num_kv_heads, pl->grid, pl->min_tiles,
+                             pl->cta_warps, pl->grid / pl->cta_warps, pl->tasks, pl->task_len,
                              pl->task_slot, pl->bin_first, pl->worker_span, pl->worker_task0,
                              pl->worker_aux0, pl->pair_first, pl->pair_count, pl->slot_first,
-                             pl->slot_count, pl->info));
+                             pl->slot_count, pl->info, pl->pair_scratch));
     TKVK_CUDA_TRY(cudaGetLastError());
     pl->planned_requests = num_requests;
     return TKVK_OK;
@@ -2743,9 +2827,9 @@ extern "C" void tkvk__decode_tune(int combine)
     g_combine = combine;
 }
 
-extern "C" void tkvk__decode_warps_per_sm(int warps)
+extern "C" void tkvk__decode_cta_warps(int warps)
 {
-    g_warps_per_sm = warps;
+    g_cta_warps = warps;
 }
 
 extern "C" int tkvk_merge_states_cuda(const uint16_t *o_a, const float *lse_a,

@@ -45,17 +45,33 @@ static inline int tkvk__decode_tiles(int32_t kv_len)
 #define TKVK__HD
 #endif
 
-/* Bins to CTAs (tkv_kernels.h, slots): num_bins over `ctas` CTAs in order, the first
- * num_bins % ctas of them one more than the others, so that every SM gets work. */
-static inline TKVK__HD int tkvk__decode_cta_first_bin(int cta, int num_bins, int ctas)
+/* A plan's bins: num_bins of per_cta tiles, shared over `ctas` CTAs in order, the first rem =
+ * num_bins % ctas of them one more (q + 1) than the others (q = num_bins / ctas), so that
+ * every SM gets work. */
+typedef struct {
+    int per_cta, num_bins, ctas, q, rem;
+} tkvk__decode_bins;
+
+static inline TKVK__HD tkvk__decode_bins tkvk__decode_bins_of(int per_cta, int num_bins,
+                                                              int ctas) /* all >= 1 but bins */
 {
-    int q = num_bins / ctas, rem = num_bins % ctas;
-    return cta * q + (cta < rem ? cta : rem);
+    tkvk__decode_bins b;
+    b.per_cta = per_cta;
+    b.num_bins = num_bins;
+    b.ctas = ctas;
+    b.q = num_bins / ctas;
+    b.rem = num_bins % ctas;
+    return b;
 }
-static inline TKVK__HD int tkvk__decode_cta_of_bin(int bin, int num_bins, int ctas)
+
+static inline TKVK__HD int tkvk__decode_cta_first_bin(const tkvk__decode_bins *b, int cta)
 {
-    int q = num_bins / ctas, rem = num_bins % ctas;
-    return bin < rem * (q + 1) ? bin / (q + 1) : rem + (bin - rem * (q + 1)) / q;
+    return cta * b->q + (cta < b->rem ? cta : b->rem);
+}
+static inline TKVK__HD int tkvk__decode_cta_of_bin(const tkvk__decode_bins *b, int bin)
+{
+    int split = b->rem * (b->q + 1); /* the bins of the CTAs that take q + 1 */
+    return bin < split ? bin / (b->q + 1) : b->rem + (bin - split) / b->q;
 }
 
 /* Fewest bins per CTA at which CTAs merge their runs of bins (tkv_kernels.h, slots): with
@@ -65,23 +81,24 @@ static inline TKVK__HD int tkvk__decode_cta_of_bin(int bin, int num_bins, int ct
 #define TKVK__DECODE_MIN_JOIN 4
 
 /* Slot joins (tkv_kernels.h, slots) among the tasks of a pair of tiles [start, end) in bins
- * up to `upto`, for num_bins bins of per_cta tiles over `ctas` CTAs: the bins b in [lo,
- * min(upto, hi)] that are not the first of their CTA, where lo..hi are the bins that the pair
- * covers whole together with the bin before (start <= (b - 1) per_cta, (b + 1) per_cta <=
- * end); none when the CTAs get fewer than TKVK__DECODE_MIN_JOIN bins. A task's slot is its
- * pair's first slot + its index in the pair - the joins up to its bin; the pair's slot count
- * is its task count - all its joins. */
-static inline TKVK__HD int tkvk__decode_joins(int start, int end, int per_cta, int num_bins,
-                                              int ctas, int upto)
+ * up to `upto`: the bins x in [lo, min(upto, hi)] that are not the first of their CTA, where
+ * lo..hi are the bins that the pair covers whole together with the bin before (start <=
+ * (x - 1) per_cta, (x + 1) per_cta <= end); none when the CTAs get fewer than
+ * TKVK__DECODE_MIN_JOIN bins. A task's slot is its pair's first slot + its index in the pair
+ * - the joins up to its bin; the pair's slot count is its task count - all its joins. */
+static inline TKVK__HD int tkvk__decode_joins(const tkvk__decode_bins *b, int start, int end,
+                                              int upto)
 {
-    int lo = (start + per_cta - 1) / per_cta + 1, hi = end / per_cta - 1;
+    if (b->q < TKVK__DECODE_MIN_JOIN)
+        return 0;
+    int lo = (start + b->per_cta - 1) / b->per_cta + 1, hi = end / b->per_cta - 1;
     if (hi > upto)
         hi = upto;
-    if (num_bins / ctas < TKVK__DECODE_MIN_JOIN || hi < lo)
+    if (hi < lo)
         return 0;
     /* the bins in [0, x] that are not the first of their CTA: x - (CTA of x) */
-    return (hi - tkvk__decode_cta_of_bin(hi, num_bins, ctas)) -
-           ((lo - 1) - tkvk__decode_cta_of_bin(lo - 1, num_bins, ctas));
+    return (hi - tkvk__decode_cta_of_bin(b, hi)) -
+           ((lo - 1) - tkvk__decode_cta_of_bin(b, lo - 1));
 }
 
 /* Splits for the static baseline: enough CTAs over (pairs x splits) to fill `grid` CTA
@@ -101,10 +118,9 @@ void tkvk__decode_kernel(int which);
  * warps per row (1, 2, 4, 8, 16) over S slices of the head dim (1, 2, 4; up to D / 32);
  * 0 the launcher's choice. */
 void tkvk__decode_tune(int combine);
-/* Benchmarks: warp workers per CTA (one CTA per SM, held by a shared-memory carve-out) of the
- * warp-worker kernel in plans made from now on, at most 8; 0 the launcher's choice, -1 as many
- * as fit. */
-void tkvk__decode_warps_per_sm(int warps);
+/* Benchmarks: warp workers per CTA of the warp-worker kernel in plans made from now on (the
+ * SM holds 8 workers either way, in 8 / warps CTAs); 0 the launcher's choice. */
+void tkvk__decode_cta_warps(int warps);
 
 #ifdef __cplusplus
 }

@@ -451,6 +451,62 @@ static int max_rows_of(const Case &c)
 }
 
 /* Dynamic and static on one case, plus determinism and the task map. */
+/* The device's task map of the last plan against the CPU planner's, field by field. */
+static void check_plan_map(tkvk_decode_plan *plan, const std::vector<int32_t> &lens, int hkv,
+                           cudaStream_t s)
+{
+    tkvk_decode_map dm, cm;
+    int pairs = (int)lens.size() * hkv;
+    int grid = tkvk_decode_plan_grid(plan);
+    TK(tkvk_decode_map_init(&dm, pairs, grid));
+    TK(tkvk_decode_map_init(&cm, pairs, grid));
+    TK(tkvk_decode_plan_download(plan, &dm, s));
+    TK(tkvk_decode_plan_cpu(lens.data(), (int)lens.size(), hkv, grid,
+                            tkvk_decode_plan_min_tiles(plan), tkvk_decode_plan_cta_warps(plan),
+                            &cm));
+    bool eq = dm.num_tasks == cm.num_tasks && dm.num_bins == cm.num_bins &&
+              dm.tiles_per_cta == cm.tiles_per_cta && dm.num_tiles == cm.num_tiles &&
+              dm.num_slots == cm.num_slots && dm.bins_per_cta == cm.bins_per_cta &&
+              memcmp(dm.tasks, cm.tasks, (size_t)cm.num_tasks * sizeof *cm.tasks) == 0 &&
+              memcmp(dm.task_slot, cm.task_slot, (size_t)cm.num_tasks * 4) == 0 &&
+              memcmp(dm.bin_first, cm.bin_first, ((size_t)grid + 1) * 4) == 0 &&
+              memcmp(dm.pair_first, cm.pair_first, (size_t)pairs * 4) == 0 &&
+              memcmp(dm.pair_count, cm.pair_count, (size_t)pairs * 4) == 0 &&
+              memcmp(dm.slot_first, cm.slot_first, (size_t)pairs * 4) == 0 &&
+              memcmp(dm.slot_count, cm.slot_count, (size_t)pairs * 4) == 0;
+    printf("%s plan     device task map == CPU planner (%d pairs, grid %d, %d tiles, %d per "
+           "CTA, %d tasks, %d slots, %d bins per CTA)\n",
+           eq ? "PASS" : "FAIL", pairs, grid, cm.num_tiles, cm.tiles_per_cta, cm.num_tasks,
+           cm.num_slots, cm.bins_per_cta);
+    if (!eq)
+        g_failures++;
+    tkvk_decode_map_free(&dm);
+    tkvk_decode_map_free(&cm);
+}
+
+/* Plans alone over many pairs: past one scan chunk of the plan kernel (1,024 pairs), and past
+ * what its shared memory holds (the per-pair arrays then stay in global memory), with random
+ * lengths from 0 to 128K. */
+static void run_plan_maps(cudaStream_t s)
+{
+    static const int shapes[3][2] = {{1500, 2}, {4096, 4}, {20000, 1}}; /* requests, KV heads */
+    for (const auto &sh : shapes) {
+        std::vector<int32_t> lens(sh[0]);
+        for (int32_t &L : lens)
+            L = rnd_int(8) == 0 ? 0 : rnd_int(4) == 0 ? rnd_int(131073) : rnd_int(3000);
+        lens[rnd_int(sh[0])] = 131072;
+        int32_t *d_lens;
+        CK(cudaMalloc((void **)&d_lens, lens.size() * sizeof(int32_t)));
+        CK(cudaMemcpy(d_lens, lens.data(), lens.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+        tkvk_decode_plan *plan = NULL;
+        TK(tkvk_decode_plan_create(&plan, sh[0], sh[1], 8, 128));
+        TK(tkvk_decode_plan_cuda(plan, d_lens, sh[0], s));
+        check_plan_map(plan, lens, sh[1], s);
+        tkvk_decode_plan_destroy(plan);
+        CK(cudaFree(d_lens));
+    }
+}
+
 static void run_case(const Case &c, cudaStream_t s, bool check_map)
 {
     Inputs in;
@@ -487,35 +543,8 @@ static void run_case(const Case &c, cudaStream_t s, bool check_map)
             }
         }
     }
-    if (check_map) {
-        tkvk_decode_map dm, cm;
-        int pairs = (int)c.lens.size() * c.hkv;
-        int grid = tkvk_decode_plan_grid(plan);
-        TK(tkvk_decode_map_init(&dm, pairs, grid));
-        TK(tkvk_decode_map_init(&cm, pairs, grid));
-        TK(tkvk_decode_plan_download(plan, &dm, s));
-        TK(tkvk_decode_plan_cpu(c.lens.data(), (int)c.lens.size(), c.hkv, grid,
-                                tkvk_decode_plan_min_tiles(plan),
-                                tkvk_decode_plan_cta_warps(plan), &cm));
-        bool eq = dm.num_tasks == cm.num_tasks && dm.num_bins == cm.num_bins &&
-                  dm.tiles_per_cta == cm.tiles_per_cta && dm.num_tiles == cm.num_tiles &&
-                  dm.num_slots == cm.num_slots && dm.bins_per_cta == cm.bins_per_cta &&
-                  memcmp(dm.tasks, cm.tasks, (size_t)cm.num_tasks * sizeof *cm.tasks) == 0 &&
-                  memcmp(dm.task_slot, cm.task_slot, (size_t)cm.num_tasks * 4) == 0 &&
-                  memcmp(dm.bin_first, cm.bin_first, ((size_t)grid + 1) * 4) == 0 &&
-                  memcmp(dm.pair_first, cm.pair_first, (size_t)pairs * 4) == 0 &&
-                  memcmp(dm.pair_count, cm.pair_count, (size_t)pairs * 4) == 0 &&
-                  memcmp(dm.slot_first, cm.slot_first, (size_t)pairs * 4) == 0 &&
-                  memcmp(dm.slot_count, cm.slot_count, (size_t)pairs * 4) == 0;
-        printf("%s plan     device task map == CPU planner (grid %d, %d tiles, %d per CTA, %d "
-               "tasks, %d slots, %d bins per CTA)\n",
-               eq ? "PASS" : "FAIL", grid, cm.num_tiles, cm.tiles_per_cta, cm.num_tasks,
-               cm.num_slots, cm.bins_per_cta);
-        if (!eq)
-            g_failures++;
-        tkvk_decode_map_free(&dm);
-        tkvk_decode_map_free(&cm);
-    }
+    if (check_map)
+        check_plan_map(plan, c.lens, c.hkv, s);
     poison(d);
     TK(tkvk_decode_static_cuda(plan, &a, max_len, 0, s));
     CK(cudaStreamSynchronize(s));
@@ -749,6 +778,7 @@ int main(void)
         c.page_tokens = 128;
         run_case(c, s, false);
     }
+    run_plan_maps(s);
     run_graph(s);
     run_merge(s);
     CK(cudaStreamDestroy(s));
