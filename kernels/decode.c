@@ -189,12 +189,9 @@ int tkvk_decode_plan_cpu(const int32_t *kv_lens, int num_requests, int num_kv_he
     if (total > INT32_MAX / 2)
         return tkvk__fail(TKVK_EINVAL, "decode_plan_cpu: %lld tiles is too many", (long long)total);
     int num_tiles = (int)total;
-    int per_cta = (num_tiles + grid - 1) / grid;
-    if (per_cta < min_tiles_per_cta)
-        per_cta = min_tiles_per_cta;
-    int num_bins = (num_tiles + per_cta - 1) / per_cta;
     int ctas = (grid + cta_warps - 1) / cta_warps;
-    const tkvk__decode_bins bins = tkvk__decode_bins_of(per_cta, num_bins, ctas);
+    const tkvk__decode_bins bins = tkvk__decode_bins_of(num_tiles, grid, min_tiles_per_cta, ctas);
+    const int per_cta = bins.per_cta, num_bins = bins.num_bins;
 
     int start = 0, ntask = 0, nslot = 0;
     for (int p = 0; p < num_pairs; p++) {

@@ -373,11 +373,8 @@ __global__ void __launch_bounds__(kPlanThreads, 1)
         carry += total;
     }
     const int num_tiles = carry;
-    if (threadIdx.x == 0) {
-        int per_cta = (num_tiles + grid - 1) / grid;
-        per_cta = per_cta < min_tiles ? min_tiles : per_cta;
-        s_bins = tkvk__decode_bins_of(per_cta, (num_tiles + per_cta - 1) / per_cta, ctas);
-    }
+    if (threadIdx.x == 0)
+        s_bins = tkvk__decode_bins_of(num_tiles, grid, min_tiles, ctas);
     __syncthreads();
     const tkvk__decode_bins bins = s_bins;
     const int per_cta = bins.per_cta, num_bins = bins.num_bins;
@@ -2358,8 +2355,7 @@ static int dec_set_smem_limits(void)
     return rc;
 }
 
-/* The shared memory a CTA of variant v may be launched with: the warp-worker kernel's CTAs
- * hold up to kMaxCtaWarps warps' shares. */
+/* The most shared memory a CTA may opt in to on the current device. */
 static int dec_smem_optin(int *optin)
 {
     int dev = 0;

@@ -45,22 +45,26 @@ static inline int tkvk__decode_tiles(int32_t kv_len)
 #define TKVK__HD
 #endif
 
-/* A plan's bins: num_bins of per_cta tiles, shared over `ctas` CTAs in order, the first rem =
- * num_bins % ctas of them one more (q + 1) than the others (q = num_bins / ctas), so that
+/* A plan's bins: num_bins of per_cta tiles, shared over the CTAs in order, the first rem =
+ * num_bins % CTAs of them one more (q + 1) than the others (q = num_bins / CTAs), so that
  * every SM gets work. */
 typedef struct {
-    int per_cta, num_bins, ctas, q, rem;
+    int per_cta, num_bins, q, rem;
 } tkvk__decode_bins;
 
-static inline TKVK__HD tkvk__decode_bins tkvk__decode_bins_of(int per_cta, int num_bins,
-                                                              int ctas) /* all >= 1 but bins */
+/* The bins of num_tiles tiles for a grid of `grid` workers in `ctas` CTAs: per_cta =
+ * max(ceil(num_tiles / grid), min_tiles) (the floor, tkv_kernels.h). grid, min_tiles, ctas
+ * >= 1. Both planners (CPU and the plan kernel) size their bins here. */
+static inline TKVK__HD tkvk__decode_bins tkvk__decode_bins_of(int num_tiles, int grid,
+                                                              int min_tiles, int ctas)
 {
     tkvk__decode_bins b;
-    b.per_cta = per_cta;
-    b.num_bins = num_bins;
-    b.ctas = ctas;
-    b.q = num_bins / ctas;
-    b.rem = num_bins % ctas;
+    b.per_cta = (num_tiles + grid - 1) / grid;
+    if (b.per_cta < min_tiles)
+        b.per_cta = min_tiles;
+    b.num_bins = (num_tiles + b.per_cta - 1) / b.per_cta;
+    b.q = b.num_bins / ctas;
+    b.rem = b.num_bins % ctas;
     return b;
 }
 

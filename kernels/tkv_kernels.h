@@ -268,7 +268,7 @@ typedef struct tkvk_decode_map {
 int tkvk_decode_map_init(tkvk_decode_map *map, int num_pairs, int grid);
 void tkvk_decode_map_free(tkvk_decode_map *map);
 
-/* The planner, on the host (the same algorithm as the device plan kernel; tests compare them).
+/* The planner, on the host (the same map as the device plan kernel; tests compare them).
  * cta_warps >= 1 (see the slots above; 1 for the CTA kernel). */
 int tkvk_decode_plan_cpu(const int32_t *kv_lens, int num_requests, int num_kv_heads, int grid,
                          int min_tiles_per_cta, int cta_warps, tkvk_decode_map *map);
