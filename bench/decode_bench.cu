@@ -15,9 +15,11 @@
  * (bytes read + written) measured in the same run.
  *
  * Also timed: the dynamic step through the CTA kernel (what the launcher used before the
- * warp-worker kernel), and the dynamic step with floors of 1, 2, 4 and 8 tiles per worker (or,
- * with --combine, with the launcher's combine shape and 16 warps per row over 1, 2 and 4
- * slices of the head dim; with --warps, 8, 4, 2 and 1 warp workers per CTA, 8 per SM).
+ * warp-worker kernel), through the warp-worker kernel's other layouts (at most 8 rows: rows
+ * on the mma's M side, m16_us; 17..32 rows: one warp per worker, one_us), and with floors of
+ * 1, 2, 4 and 8 tiles per worker (or, with --combine, with the launcher's combine shape and
+ * 16 warps per row over 1, 2 and 4 slices of the head dim; with --warps, 8, 4, 2 and 1 warps
+ * per CTA, 8 per SM).
  *
  * Usage: decode_bench [--json] [--peer FILE] [--quick] [--combine | --warps] [--values a,b,c,d]
  *                     [--case NAME] [--hq N] [--qlen N]
@@ -195,6 +197,7 @@ struct Row {
     double max_diff;
     double cta;          /* dynamic through the CTA kernel (the warp-worker kernel off) */
     double m16;          /* at most 8 rows: the warp-worker kernel with rows on the mma's M side */
+    double one;          /* 17..32 rows: the warp-worker kernel with one warp per worker */
     double sweep_us[4];  /* dynamic at each of sweep_values() */
     int splits;
     double peer; /* < 0: none */
@@ -412,6 +415,7 @@ static Row run(const BenchCase &bc, int hq, int hkv, int q_len, cudaStream_t s)
     }
     tkvk__decode_tune(0);
     row.m16 = (hq / hkv) * q_len <= 8 ? time_kernel(TKVK__DEC_WARP_M16, 0) : -1;
+    row.one = (hq / hkv) * q_len > 16 ? time_kernel(TKVK__DEC_WARP_ONE, 0) : -1;
     row.cta = time_kernel(TKVK__DEC_CTA, 0);
     /* dynamic, static and the CTA kernel must agree (all replayed on the same inputs) */
     std::vector<uint16_t> o_cta(qn);
@@ -516,10 +520,11 @@ int main(int argc, char **argv)
     if (g_values_set)
         snprintf(label, sizeof label, "%s %d/%d/%d/%d", kSweepKey[g_sweep], g_values[0],
                  g_values[1], g_values[2], g_values[3]);
-    fprintf(tab, "%-18s %5s %2s %8s %8s %8s %8s %8s %6s %6s %6s %7s %6s %6s %8s %8s %8s %27s\n",
+    fprintf(tab,
+            "%-18s %5s %2s %8s %8s %8s %8s %8s %6s %6s %6s %7s %6s %6s %8s %8s %8s %8s %27s\n",
             "case", "heads", "q", "dyn_us", "stat_us", "dynL2f", "plan_us", "step_us", "hbm",
             "xstat", "anchor", "xanchor", "fi_us", "xfi", "maxdiff", "cta_us", "m16_us",
-            g_values_set ? label : kSweepLabel[g_sweep]);
+            "one_us", g_values_set ? label : kSweepLabel[g_sweep]);
     std::vector<Row> rows;
     const int heads[2][2] = {{8, 1}, {64, 8}};
     for (int qi = 0; qi < 2; qi++)
@@ -539,10 +544,10 @@ int main(int argc, char **argv)
                 snprintf(xfi_s, sizeof xfi_s, r.peer > 0 ? "%.2f" : "-", r.peer / r.dyn);
                 fprintf(tab,
                         "%-18s %5s %2d %8.1f %8.1f %8.1f %8.1f %8.1f %6.2f %6.2f %6s %7s %6s %6s "
-                        "%8.1e %8.1f %8.1f %6.1f/%6.1f/%6.1f/%6.1f\n",
+                        "%8.1e %8.1f %8.1f %8.1f %6.1f/%6.1f/%6.1f/%6.1f\n",
                         r.name.c_str(), heads_s, r.q_len, r.dyn, r.stat, r.dyn_flushed, r.plan,
                         r.step, r.hbm_fraction, r.stat / r.dyn, anchor_s, xa_s, fi_s, xfi_s,
-                        r.max_diff, r.cta, r.m16, r.sweep_us[0], r.sweep_us[1],
+                        r.max_diff, r.cta, r.m16, r.one, r.sweep_us[0], r.sweep_us[1],
                         r.sweep_us[2], r.sweep_us[3]);
                 fflush(tab);
                 rows.push_back(r);
@@ -562,11 +567,11 @@ int main(int argc, char **argv)
                    "\"dynamic_flushed_us\": %.2f, \"static_flushed_us\": %.2f, \"plan_us\": %.2f, "
                    "\"step_us\": %.2f, \"hbm_fraction\": %.3f, \"copy_rate_gbs\": %.1f, "
                    "\"dyn_vs_static_max_abs_diff\": %.3g, \"dynamic_cta_kernel_us\": %.2f, "
-                   "\"dynamic_m16_us\": %.2f, "
+                   "\"dynamic_m16_us\": %.2f, \"dynamic_one_warp_us\": %.2f, "
                    "\"%s\": {\"%d\": %.2f, \"%d\": %.2f, \"%d\": %.2f, \"%d\": %.2f}}%s\n",
                    r.name.c_str(), r.hq, r.hkv, r.q_len, r.kv_bytes, r.dyn, r.stat, fi,
                    r.dyn_flushed, r.stat_flushed, r.plan, r.step, r.hbm_fraction, rate / 1e9,
-                   r.max_diff, r.cta, r.m16,
+                   r.max_diff, r.cta, r.m16, r.one,
                    kSweepKey[g_sweep], sv[0],
                    r.sweep_us[0], sv[1], r.sweep_us[1], sv[2], r.sweep_us[2], sv[3],
                    r.sweep_us[3], i + 1 < rows.size() ? "," : "");

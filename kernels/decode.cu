@@ -33,6 +33,7 @@
 #include <mutex>
 #include <stdint.h>
 #include <stdlib.h>
+#include <type_traits>
 
 #include "decode_internal.h"
 #include "fp8.cuh"
@@ -79,8 +80,7 @@ struct DecParams {
     const int32_t *task_len; /* kv_len of each task's request, written by the plan */
     const int32_t *task_slot; /* the slot of each task's partial (warp-worker kernel) */
     const int32_t *bin_first;
-    /* warp-worker kernel: each worker's tasks [first, end), first task, and its request's
-     * length, slot and whether the CTA merges its partial (plan kernel, pass 3) */
+    /* warp-worker kernel: each warp's head (WarpHead, written by the plan kernel's pass 3) */
     const int2 *worker_span;
     const int4 *worker_task0;
     const int4 *worker_aux0;
@@ -328,16 +328,18 @@ __device__ __forceinline__ size_t row_index(const P &p, int req, int kvh, int r)
  * where every instruction and every dependent step counts (timed by phase with Nsight
  * Compute, docs/perf.md), so it works out each pair's bins once (pass 2), each task's from
  * them with one division, and the values common to all threads in one thread. Its CTAs
- * (`ctas` of cta_warps warps) share the bins in order (tkvk__decode_bins), warp j of CTA c is
- * worker c * cta_warps + j, and the worker_* arrays hold each worker's task range [first,
- * end), first task, and its request's length, slot and whether the CTA merges its partial,
- * for one round trip at its start. kSmem: the per-pair values of passes 1-3 (kPlanPairInts)
- * live in dynamic shared memory (pass 3's binary search reads them ~9 times in a row); else
- * in the output arrays and pair_scratch (4 ints a pair). */
+ * (`ctas` of cta_warps warps) share the bins in order (tkvk__decode_bins); bin j of CTA c is
+ * worked by warp c * cta_warps + j or, where halves_ok is 2 (17..32 rows) and no CTA has more
+ * than cta_warps / 2 bins, by warps c * cta_warps + 2j and 2j + 1 (rows 0..15 and 16..; the
+ * map is the same either way). The worker_* arrays hold each warp's head (WarpHead: task
+ * range [first, end), first task, and its request's length, slot, whether the CTA merges its
+ * partial, and the warps of its bin), for one round trip at its start. kSmem: the per-pair
+ * values of passes 1-3 (kPlanPairInts) live in dynamic shared memory (pass 3's binary search
+ * reads them ~9 times in a row); else in the output arrays and pair_scratch (4 ints a pair). */
 template <bool kSmem>
 __global__ void __launch_bounds__(kPlanThreads, 1)
     dec_plan_kernel(const int32_t *kv_lens, int num_requests, int hkv, int grid, int min_tiles,
-                    int cta_warps, int ctas, int4 *tasks, int32_t *task_len,
+                    int cta_warps, int ctas, int halves_ok, int4 *tasks, int32_t *task_len,
                     int32_t *task_slot, int32_t *bin_first, int2 *worker_span,
                     int4 *worker_task0, int4 *worker_aux0, int32_t *pair_first,
                     int32_t *pair_count, int32_t *slot_first, int32_t *slot_count,
@@ -345,6 +347,7 @@ __global__ void __launch_bounds__(kPlanThreads, 1)
 {
     extern __shared__ int32_t plan_smem[];
     __shared__ tkvk__decode_bins s_bins;
+    __shared__ int s_hv;
     pdl_wait(); /* the previous step's kernels may still read the map */
     pdl_trigger();
     const int num_pairs = num_requests * hkv;
@@ -373,10 +376,15 @@ __global__ void __launch_bounds__(kPlanThreads, 1)
         carry += total;
     }
     const int num_tiles = carry;
-    if (threadIdx.x == 0)
+    if (threadIdx.x == 0) {
         s_bins = tkvk__decode_bins_of(num_tiles, grid, min_tiles, ctas);
+        /* workers of two warps, each with half the rows, where every CTA has at most
+         * cta_warps / 2 bins: then the bins stay at the floor and twice the warps work */
+        s_hv = halves_ok == 2 && (s_bins.q + (s_bins.rem > 0)) * 2 <= cta_warps ? 2 : 1;
+    }
     __syncthreads();
     const tkvk__decode_bins bins = s_bins;
+    const int hv = s_hv;
     const int per_cta = bins.per_cta, num_bins = bins.num_bins;
     const bool joining = bins.q >= TKVK__DECODE_MIN_JOIN;
 
@@ -451,21 +459,26 @@ __global__ void __launch_bounds__(kPlanThreads, 1)
         if (t0 == bin * per_cta) {
             /* the bin's head: the first task of its worker, and the end of the bin before */
             bin_first[bin] = d;
-            const int w = c * cta_warps + bin - c_first;
+            const int w = c * cta_warps + (bin - c_first) * hv; /* its (first) warp */
             /* holds: the task shares its slot with the one before (its bin is joined) or the
              * one after (the next bin is): then it is its bin's only task, and its partial
              * waits in shared memory for the CTA's merge */
             const bool joined = joining && bin >= join_lo && bin <= bin_hi && bin != c_first;
             const bool next_joined = joining && bin + 1 >= join_lo && bin + 1 <= bin_hi &&
                                      bin + 1 != tkvk__decode_cta_first_bin(&bins, c + 1);
-            worker_span[w].x = d;
-            worker_task0[w] = tk;
-            worker_aux0[w] = make_int4(len, slot, joined || next_joined, 0);
-            if (bin > 0)
-                worker_span[bin != c_first ? w - 1
-                                           : (c - 1) * cta_warps + bin - 1 -
-                                                 tkvk__decode_cta_first_bin(&bins, c - 1)]
-                    .y = d;
+            /* the first warp of the bin before */
+            const int wp =
+                bin == 0         ? -1
+                : bin != c_first ? w - hv
+                                 : (c - 1) * cta_warps +
+                                       (bin - 1 - tkvk__decode_cta_first_bin(&bins, c - 1)) * hv;
+            for (int k = 0; k < hv; k++) {
+                worker_span[w + k].x = d;
+                worker_task0[w + k] = tk;
+                worker_aux0[w + k] = make_int4(len, slot, joined || next_joined, hv);
+                if (wp >= 0)
+                    worker_span[wp + k].y = d;
+            }
         }
     }
     __syncthreads();
@@ -480,14 +493,15 @@ __global__ void __launch_bounds__(kPlanThreads, 1)
     }
     for (int b = num_bins + threadIdx.x; b <= grid; b += blockDim.x)
         bin_first[b] = task_carry;
-    if (threadIdx.x == 0 && num_bins > 0) {
+    if (threadIdx.x < hv && num_bins > 0) {
         int c = tkvk__decode_cta_of_bin(&bins, num_bins - 1);
-        worker_span[c * cta_warps + num_bins - 1 - tkvk__decode_cta_first_bin(&bins, c)].y =
-            task_carry;
+        worker_span[c * cta_warps + (num_bins - 1 - tkvk__decode_cta_first_bin(&bins, c)) * hv +
+                    threadIdx.x]
+            .y = task_carry;
     }
     for (int c = threadIdx.x; c < ctas; c += blockDim.x)
-        for (int j = tkvk__decode_cta_first_bin(&bins, c + 1) -
-                     tkvk__decode_cta_first_bin(&bins, c);
+        for (int j = (tkvk__decode_cta_first_bin(&bins, c + 1) -
+                      tkvk__decode_cta_first_bin(&bins, c)) * hv;
              j < cta_warps; j++)
             worker_span[c * cta_warps + j] = make_int2(0, 0);
     if (threadIdx.x == 0) {
@@ -1150,11 +1164,27 @@ __device__ __forceinline__ void load_v_slice(const uint8_t *sV, int r0, int off,
     }
 }
 
-/* Every warp is a worker with its own bin of the task map and its own ring of shared-memory
- * stages, each one 32-token chunk of K and V (and their in-page K scales): no barrier between
- * warps, no merge inside the CTA, and the fixed work of a chunk (copies, softmax update) is
- * paid once per 32 tokens by one warp instead of once per 16 tokens by each of four. A CTA is
- * one warp, so the resident count follows registers and shared memory alone.
+/* A warp's head in the plan (dec_plan_kernel, pass 3): its bin's task range [first, end),
+ * first task, and that task's request length, slot, whether the CTA merges its partial, and
+ * the warps of its worker (1, or 2 when two warps split the rows of the same bin). */
+struct WarpHead {
+    int2 span;
+    int4 task0, aux0;
+};
+
+/* What a warp of a CTA of several leaves for the CTA's merge (merge_held): the slot of the
+ * partial it wrote into its own shared memory (-1: none) and its task's place. */
+struct Held {
+    int slot, req, kvh;
+    bool starts, ends;
+};
+
+/* Every warp works through a bin of the task map (alone, or with a second warp that takes
+ * the other half of the rows) in its own ring of shared-memory stages, each one 32-token chunk
+ * of K and V (and their in-page K scales): no barrier between warps while they work, and the
+ * fixed work of a chunk (copies, softmax update) is paid once per 32 tokens by one warp
+ * instead of once per 16 tokens by each of four. At the end, the warps of a CTA whose bins
+ * share a slot merge their partials (merge_held).
  * The arithmetic of a chunk is a policy (M below): WarpMathM16 puts the query rows on the
  * mma's M side (m-tiles of 16 rows, any count up to 32); WarpMathT, for at most 8 rows, puts
  * the tokens and the head dims there and the rows on the N side (8), so no mma carries padding
@@ -1181,13 +1211,6 @@ template <int D, class M> struct WarpAttend {
         int req, kvh, slot;
         int32_t len;
         bool starts, whole; /* the task holds its pair's first tile / all its tiles */
-    };
-
-    /* What a warp of a CTA of several leaves for the CTA's merge (merge_held): the slot of the
-     * partial it wrote into its own shared memory (-1: none) and its task's place. */
-    struct Held {
-        int slot, req, kvh;
-        bool starts, ends;
     };
 
     static __device__ __forceinline__ bool open_task(const DecParams &p, int first, int num,
@@ -1294,16 +1317,19 @@ template <int D, class M> struct WarpAttend {
         }
     }
 
-    /* Works through worker `worker`'s bin (dynamic) or the CTA's static split, in the warp's
+    /* Works through the bin of head `hd` (dynamic) or the CTA's static split, in the warp's
      * `smem` (smem_bytes()). A task whose slot the plan shares with a neighbouring worker's
      * (its bin's only one) leaves its partial in `smem` for merge_held() (returned in Held);
-     * every other task writes its partial, or its outputs, itself. */
-    static __device__ Held run(const DecParams &p, uint8_t *smem, int worker)
+     * every other task writes its partial, or its outputs, itself. The warp takes the rows
+     * rbase.. of its pairs (16: the second warp of a worker of two). */
+    static __device__ Held run(const DecParams &p, uint8_t *smem, const WarpHead &hd, int rbase)
     {
         const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
         const int R = p.rows;
         int first = 0, num = 1;
         Held held{-1, 0, 0, false, false};
+        if (rbase >= R)
+            return held; /* the second warp of a worker whose pairs have 16 rows or fewer */
         bool merged = false; /* the CTA merges the bin's only task's partial, left in smem */
         Cursor ld{}, cc{};
         if (p.static_splits) {
@@ -1325,17 +1351,12 @@ template <int D, class M> struct WarpAttend {
             ld.chunk = cc.chunk = tb * 2;
             ld.end = cc.end = min(te * 2, (len + kChunk - 1) / kChunk);
         } else {
-            /* the worker's span and first task together: one round trip before the block
-             * table */
-            const int2 span = p.worker_span[worker];
-            const int4 tk0 = p.worker_task0[worker];
-            const int4 aux0 = p.worker_aux0[worker];
-            first = span.x;
-            num = span.y - span.x;
+            first = hd.span.x;
+            num = hd.span.y - hd.span.x;
             if (num <= 0)
                 return held;
-            merged = aux0.z != 0;
-            if (!set_task(ld, tk0, aux0.x, aux0.y) && !open_task(p, first, num, ld))
+            merged = hd.aux0.z != 0;
+            if (!set_task(ld, hd.task0, hd.aux0.x, hd.aux0.y) && !open_task(p, first, num, ld))
                 return held;
             cc = ld;
         }
@@ -1373,7 +1394,7 @@ template <int D, class M> struct WarpAttend {
             if (fresh) {
                 /* start of a task: queries into registers, state reset */
                 v_mul = p.per_token_head ? p.v_head_scales[cc.kvh] : p.v_scale;
-                M::start(p, cc.req, cc.kvh, cc.len, g, c, ms);
+                M::start(p, cc.req, cc.kvh, cc.len, rbase, g, c, ms);
                 fresh = false;
             }
             /* the queries above are in flight while the chunk is awaited */
@@ -1394,14 +1415,16 @@ template <int D, class M> struct WarpAttend {
                  * its slot or, held for the CTA's merge, in the warp's shared memory (the
                  * bin's only task: its last chunk, nothing more in flight) */
                 if (p.direct && cc.whole) {
-                    M::template finish<true>(p, nullptr, nullptr, cc.req, cc.kvh, g, c, v_mul,
-                                             ms);
+                    M::template finish<true>(p, nullptr, nullptr, cc.req, cc.kvh, rbase, g, c,
+                                             v_mul, ms);
                 } else {
+                    /* the warp's rows rbase.. of the slot, or from row 0 of its shared memory */
                     float *po = merged ? reinterpret_cast<float *>(smem)
-                                      : p.part_o + (size_t)cc.slot * R * D;
-                    float *pl = merged ? po + R * D : p.part_lse + (size_t)cc.slot * R;
+                                      : p.part_o + ((size_t)cc.slot * R + rbase) * D;
+                    float *pl = merged ? po + R * D : p.part_lse + (size_t)cc.slot * R + rbase;
                     __syncwarp(); /* every lane is done reading the stages */
-                    M::template finish<false>(p, po, pl, cc.req, cc.kvh, g, c, v_mul, ms);
+                    M::template finish<false>(p, po, pl, cc.req, cc.kvh, rbase, g, c, v_mul,
+                                              ms);
                 }
                 fresh = true;
             }
@@ -1416,15 +1439,19 @@ template <int D, class M> struct WarpAttend {
     }
 };
 
-/* The partials a CTA's warps held (WarpAttend::run): runs of consecutive warps holding the
+/* The partials a CTA's warps held (WarpAttend::run): runs of consecutive workers holding the
  * same slot (the plan gives consecutive whole bins of one pair one slot) are merged, each
  * run's warps taking its rows in turn, into the slot or, where a run covers its whole pair,
- * into the outputs (the combine skips pairs of one slot). warp_bytes: each warp's share of
- * the shared memory, its partial at the start ([rows][D] then [rows] LSEs). */
+ * into the outputs (the combine skips pairs of one slot). With workers of hv = 2 warps, the
+ * warps of one half (rows from rbase) merge that half. warp_bytes: each warp's share of the
+ * shared memory, its partial at the start ([rows][D] then [rows] LSEs, from the warp's
+ * first row). */
 template <int D>
-__device__ void merge_held(const DecParams &p, const uint8_t *smem, size_t warp_bytes, int slot,
-                           int req, int kvh, bool starts, bool ends)
+__device__ void merge_held(const DecParams &p, const uint8_t *smem, size_t warp_bytes,
+                           const Held &held, int rbase, int hv)
 {
+    const int slot = held.slot, req = held.req, kvh = held.kvh;
+    const bool starts = held.starts, ends = held.ends;
     constexpr int V = D / 32; /* dims per lane: 2, 4 or 8, read and written as float2 */
     __shared__ int s_slot[kMaxCtaWarps];
     __shared__ unsigned char s_starts[kMaxCtaWarps], s_ends[kMaxCtaWarps];
@@ -1437,23 +1464,23 @@ __device__ void merge_held(const DecParams &p, const uint8_t *smem, size_t warp_
     __syncthreads();
     if (slot < 0)
         return;
-    int h = warp, e = warp;
-    while (h > 0 && s_slot[h - 1] == slot)
-        h--;
-    while (e + 1 < W && s_slot[e + 1] == slot)
-        e++;
-    const int R = p.rows, n = e - h + 1;
+    int h = warp, e = warp; /* the run: the warps of this half are hv apart */
+    while (h >= hv && s_slot[h - hv] == slot)
+        h -= hv;
+    while (e + hv < W && s_slot[e + hv] == slot)
+        e += hv;
+    const int R = p.rows, n = (e - h) / hv + 1, nr = hv > 1 ? min(16, R - rbase) : R;
     const bool to_out = p.direct && s_starts[h] && s_ends[e];
     auto part = [&](int j) { return reinterpret_cast<const float *>(smem + j * warp_bytes); };
-    for (int r = warp - h; r < R; r += n) {
+    for (int r = (warp - h) / hv; r < nr; r += n) {
         float m = -INFINITY;
-        for (int j = h; j <= e; j++)
+        for (int j = h; j <= e; j += hv)
             m = fmaxf(m, part(j)[R * D + r]);
         float acc[V], ws = 0.0f;
 #pragma unroll
         for (int v = 0; v < V; v++)
             acc[v] = 0.0f;
-        for (int j = h; j <= e; j++) {
+        for (int j = h; j <= e; j += hv) {
             const float lj = part(j)[R * D + r];
             const float w = lj == -INFINITY ? 0.0f : exp2f(lj - m);
             if (w > 0.0f) {
@@ -1474,7 +1501,7 @@ __device__ void merge_held(const DecParams &p, const uint8_t *smem, size_t warp_
         const float inv = ws > 0.0f ? 1.0f / ws : 0.0f;
         const float lse = ws > 0.0f ? m + log2f(ws) : -INFINITY;
         if (to_out) {
-            const size_t oi = row_index(p, req, kvh, r);
+            const size_t oi = row_index(p, req, kvh, rbase + r);
             uint16_t *dst = p.out + oi * D + lane * V;
 #pragma unroll
             for (int v = 0; v < V; v += 2)
@@ -1483,12 +1510,12 @@ __device__ void merge_held(const DecParams &p, const uint8_t *smem, size_t warp_
             if (p.lse && lane == 0)
                 p.lse[oi] = lse;
         } else {
-            float *dst = p.part_o + ((size_t)slot * R + r) * D + lane * V;
+            float *dst = p.part_o + ((size_t)slot * R + rbase + r) * D + lane * V;
 #pragma unroll
             for (int v = 0; v < V; v += 2)
                 *reinterpret_cast<float2 *>(dst + v) = make_float2(acc[v] * inv, acc[v + 1] * inv);
             if (lane == 0)
-                p.part_lse[(size_t)slot * R + r] = lse;
+                p.part_lse[(size_t)slot * R + rbase + r] = lse;
         }
     }
 }
@@ -1511,13 +1538,14 @@ template <int D, int MT, bool kLo8 = false> struct WarpMathM16 {
         int lim[MT][2];
     };
 
-    /* start of a task: queries into registers, state reset */
+    /* start of a task: queries of rows rbase.. into registers, state reset */
     static __device__ __forceinline__ void start(const DecParams &p, int req, int kvh,
-                                                 int32_t len, int g, int c, State &st)
+                                                 int32_t len, int rbase, int g, int c, State &st)
     {
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
-            load_q(p, req, kvh, mt * 16 + g, c, len, st.qa[mt], st.rowmul[mt], st.lim[mt]);
+            load_q(p, req, kvh, rbase + mt * 16 + g, c, len, st.qa[mt], st.rowmul[mt],
+                   st.lim[mt]);
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 st.m_run[mt][h] = -INFINITY;
@@ -1706,13 +1734,13 @@ template <int D, int MT, bool kLo8 = false> struct WarpMathM16 {
     }
 
 
-    /* end of a task: the partial O (normalised, f32) into po ([rows][D]) and its LSE into
-     * plse ([rows]) or, kOut (the pair's only task), BF16 O and the LSE straight to the
-     * outputs */
+    /* end of a task: the partial O (normalised, f32) of rows rbase.. into po ([rows][D], from
+     * row rbase) and its LSE into plse ([rows], the same) or, kOut (the pair's only task),
+     * BF16 O and the LSE straight to the outputs */
     template <bool kOut>
     static __device__ __forceinline__ void finish(const DecParams &p, float *po, float *plse,
-                                                  int req, int kvh, int g, int c, float v_mul,
-                                                  const State &st)
+                                                  int req, int kvh, int rbase, int g, int c,
+                                                  float v_mul, const State &st)
     {
         const int R = p.rows;
         const auto &m_run = st.m_run;
@@ -1723,11 +1751,11 @@ template <int D, int MT, bool kLo8 = false> struct WarpMathM16 {
             for (int h = 0; h < kHalves; h++) {
                 float l = quad_sum(st.l_run[mt][h]);
                 int r = mt * 16 + g + 8 * h;
-                if (r >= R)
+                if (rbase + r >= R)
                     continue;
                 float inv = l > 0.0f ? v_mul / l : 0.0f;
                 if (kOut) {
-                    size_t oi = row_index(p, req, kvh, r);
+                    size_t oi = row_index(p, req, kvh, rbase + r);
                     uint16_t *dst = p.out + oi * D;
                     /* dims 2c * D/8 + nb and (2c + 1) * D/8 + nb: two runs of D/8 values, 16
                      * bytes a store */
@@ -1799,8 +1827,11 @@ template <int D> struct WarpMathT {
         return r;
     }
 
+    /* as WarpMathM16::start; rbase is always 0 (at most 8 rows: a worker's second warp has
+     * none, WarpAttend::run) */
     static __device__ __forceinline__ void start(const DecParams &p, int req, int kvh,
-                                                 int32_t len, int g, int c, State &st)
+                                                 int32_t len, int /* rbase */, int g, int c,
+                                                 State &st)
     {
         const int R = p.rows;
         const float kmul = p.per_token_head ? 1.0f : p.k_scale;
@@ -1956,8 +1987,8 @@ template <int D> struct WarpMathT {
      * o[mt][2 + j] the next */
     template <bool kOut>
     static __device__ __forceinline__ void finish(const DecParams &p, float *po, float *plse,
-                                                  int req, int kvh, int g, int c, float v_mul,
-                                                  const State &st)
+                                                  int req, int kvh, int /* rbase: 0 */, int g,
+                                                  int c, float v_mul, const State &st)
     {
         const int R = p.rows;
 #pragma unroll
@@ -1996,19 +2027,38 @@ template <int D> struct WarpMathT {
     }
 };
 
-/* A CTA is W = blockDim.x / 32 warp workers, bins blockIdx.x * W .. + W - 1 (the static
- * baseline: one warp); each warp has its own share of the shared memory. */
-template <int D, class M>
+/* A CTA is W = blockDim.x / 32 warps (the static baseline: one), each with its own share of
+ * the shared memory; warp w reads its head at blockIdx.x * W + w. Where the plan made workers
+ * of two warps (every bin at the floor with half the workers: more warps at work, each with
+ * half the rows), warps 2j and 2j + 1 take rows 0..15 and 16.. of the same bin with MH (one
+ * m-tile); else each warp takes its bin's rows with M. */
+template <int D, class M, class MH = M>
 __global__ void __launch_bounds__(32 * kMaxCtaWarps) dec_warp_kernel(const DecParams p)
 {
     extern __shared__ __align__(128) uint8_t dec_smem[];
     using WA = WarpAttend<D, M>;
+    static_assert(WA::smem_bytes() == WarpAttend<D, MH>::smem_bytes(), "one share per warp");
     pdl_wait();
     pdl_trigger();
     const int W = blockDim.x >> 5, warp = threadIdx.x >> 5;
-    const auto h = WA::run(p, dec_smem + warp * WA::smem_bytes(), blockIdx.x * W + warp);
+    uint8_t *smem = dec_smem + warp * WA::smem_bytes();
+    WarpHead hd{};
+    if (!p.static_splits) {
+        /* span, first task and the rest together: one round trip before the block table */
+        const int w = blockIdx.x * W + warp;
+        hd.span = p.worker_span[w];
+        hd.task0 = p.worker_task0[w];
+        hd.aux0 = p.worker_aux0[w];
+    }
+    /* (a warp without a bin may see a stale aux0: it returns before using it) */
+    const int hv = hd.aux0.w == 2 ? 2 : 1, rbase = (warp % hv) * 16;
+    Held h;
+    if (std::is_same<M, MH>::value || hv == 1)
+        h = WA::run(p, smem, hd, rbase);
+    else
+        h = WarpAttend<D, MH>::run(p, smem, hd, rbase);
     if (W > 1)
-        merge_held<D>(p, dec_smem, WA::smem_bytes(), h.slot, h.req, h.kvh, h.starts, h.ends);
+        merge_held<D>(p, dec_smem, WA::smem_bytes(), h, rbase, hv);
 }
 
 /* ============================================================================================
@@ -2233,9 +2283,9 @@ struct AttendVariant {
     int threads;
 };
 
-template <int D, class M> AttendVariant warp_variant()
+template <int D, class M, class MH = M> AttendVariant warp_variant()
 {
-    return AttendVariant{dec_warp_kernel<D, M>, WarpAttend<D, M>::smem_bytes(), 32};
+    return AttendVariant{dec_warp_kernel<D, M, MH>, WarpAttend<D, M>::smem_bytes(), 32};
 }
 template <int D> AttendVariant warp_variant_rows(int rows, int which)
 {
@@ -2244,7 +2294,8 @@ template <int D> AttendVariant warp_variant_rows(int rows, int which)
                                            : warp_variant<D, WarpMathT<D>>();
     if (rows <= 16 || D > 128)
         return warp_variant<D, WarpMathM16<D, 1>>();
-    return warp_variant<D, WarpMathM16<D, (D > 128 ? 1 : 2)>>();
+    /* 17..32 rows: one warp with two m-tiles, or two warps of one (the plan's choice) */
+    return warp_variant<D, WarpMathM16<D, (D > 128 ? 1 : 2)>, WarpMathM16<D, 1>>();
 }
 
 /* Set by tkvk__decode_kernel() (benchmarks): TKVK__DEC_* for plans made and steps launched
@@ -2328,7 +2379,8 @@ cudaError_t launch_pdl(void (*fn)(Args...), dim3 grid, dim3 block, size_t smem,
 
 struct tkvk_decode_plan {
     int device, num_sms, grid, min_tiles;
-    int cta_warps; /* warps per CTA of the warp-worker kernel (1 for the CTA kernel) */
+    int cta_warps; /* workers per CTA of the warp-worker kernel (1 for the CTA kernel) */
+    int halves_ok; /* 2: the plan kernel may make workers of two warps (17..32 rows), else 1 */
     int max_requests, num_kv_heads, max_rows, head_dim;
     int task_cap;
     int4 *tasks;
@@ -2437,6 +2489,7 @@ extern "C" int tkvk_decode_plan_create(tkvk_decode_plan **out, int max_requests,
     if (rc)
         goto fail;
     pl->cta_warps = 1;
+    pl->halves_ok = 1;
     if (v.threads == 32) {
         /* the warp-worker kernel: kWarpWorkersPerSm workers an SM in CTAs of cta_warps, held
          * there by a shared-memory carve-out that leaves the rest of the SM's memory to L1 */
@@ -2446,6 +2499,8 @@ extern "C" int tkvk_decode_plan_create(tkvk_decode_plan **out, int max_requests,
         int per_sm = dec_fit_warps(v.smem, optin, kWarpWorkersPerSm);
         pl->cta_warps = g_cta_warps > 0 && g_cta_warps < per_sm ? g_cta_warps : per_sm;
         occ = per_sm / pl->cta_warps;
+        /* 17..32 rows: the plan kernel may pair the warps (dec_warp_kernel) */
+        pl->halves_ok = max_rows > 16 && g_kernel != TKVK__DEC_WARP_ONE ? 2 : 1;
         DEC_TRY(cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor,
                                        pl->device));
         /* each CTA also takes 1 KB of the SM's shared memory for the system */
@@ -2558,7 +2613,8 @@ extern "C" int tkvk_decode_plan_cuda(tkvk_decode_plan *pl, const int32_t *kv_len
     TKVK_CUDA_TRY(launch_pdl(in_smem ? dec_plan_kernel<true> : dec_plan_kernel<false>, dim3(1),
                              dim3(kPlanThreads), in_smem ? smem : 0, (cudaStream_t)stream,
                              kv_lens, num_requests, pl->num_kv_heads, pl->grid, pl->min_tiles,
-                             pl->cta_warps, pl->grid / pl->cta_warps, pl->tasks, pl->task_len,
+                             pl->cta_warps, pl->grid / pl->cta_warps, pl->halves_ok, pl->tasks,
+                             pl->task_len,
                              pl->task_slot, pl->bin_first, pl->worker_span, pl->worker_task0,
                              pl->worker_aux0, pl->pair_first, pl->pair_count, pl->slot_first,
                              pl->slot_count, pl->info, pl->pair_scratch));

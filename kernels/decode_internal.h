@@ -115,8 +115,10 @@ int tkvk__decode_static_splits(int num_pairs, int max_kv_len, int grid);
  *   AUTO   the launcher's choice (the warp-worker kernel where it applies)
  *   CTA    the CTA kernel for every shape
  *   WARP_M16  for at most 8 rows, the warp-worker kernel with the rows on the mma's M side
- *          (padded to 16) instead of its N side */
-enum { TKVK__DEC_AUTO = 0, TKVK__DEC_CTA = 1, TKVK__DEC_WARP_M16 = 2 };
+ *          (padded to 16) instead of its N side
+ *   WARP_ONE  for 17..32 rows, one warp per worker of the warp-worker kernel, with both
+ *          m-tiles of 16 rows, instead of two warps of one m-tile each */
+enum { TKVK__DEC_AUTO = 0, TKVK__DEC_CTA = 1, TKVK__DEC_WARP_M16 = 2, TKVK__DEC_WARP_ONE = 3 };
 void tkvk__decode_kernel(int which);
 /* Benchmarks and tests: the combine's shape in steps launched from now on: K + 100 * S for K
  * warps per row (1, 2, 4, 8, 16) over S slices of the head dim (1, 2, 4; up to D / 32);

@@ -303,7 +303,8 @@ int tkvk_decode_plan_create(tkvk_decode_plan **out, int max_requests, int num_kv
 void tkvk_decode_plan_destroy(tkvk_decode_plan *plan);
 /* The persistent grid (workers: one warp each in the warp-worker kernel, one CTA each in the
  * CTA kernel), the warps per CTA (the warp-worker kernel's, else 1) and the floor (tiles per
- * worker) the plan kernel uses. */
+ * worker) the plan kernel uses. With 17..32 rows, a step whose bins fill at most half the
+ * grid has each bin worked by two warps, rows 0..15 and 16.. (the task map is the same). */
 int tkvk_decode_plan_grid(const tkvk_decode_plan *plan);
 int tkvk_decode_plan_cta_warps(const tkvk_decode_plan *plan);
 int tkvk_decode_plan_min_tiles(const tkvk_decode_plan *plan);

@@ -80,6 +80,7 @@ static int rnd_int(int n)
 struct Case {
     int head_dim, page_tokens, kv_dtype, scale_mode, q_dtype, hkv, group, q_len;
     std::vector<int32_t> lens;
+    int plan_rows = 0; /* rows the plan is made for; 0: group * q_len */
 };
 
 struct Inputs {
@@ -447,7 +448,7 @@ static bool same_bits(const Result &a, const Result &b)
 
 static int max_rows_of(const Case &c)
 {
-    return c.group * c.q_len;
+    return c.plan_rows ? c.plan_rows : c.group * c.q_len;
 }
 
 /* Dynamic and static on one case, plus determinism and the task map. */
@@ -743,7 +744,25 @@ int main(void)
                   2, gq8[i][0], gq8[i][1], {P + 1, 0, 1, 31, 32, 33, 4097, 300 + rnd_int(2500)}};
         run_case(c, s, false);
     }
+    /* 17..32 rows through one warp per worker (both m-tiles in one warp, the benchmark's one
+     * column) instead of two: rows 32, 24 and 20. */
+    tkvk__decode_kernel(TKVK__DEC_WARP_ONE);
+    static const int gq32[3][2] = {{8, 4}, {12, 2}, {4, 5}};
+    for (int i = 0; i < 3; i++) {
+        int P = pages[i + 1];
+        Case c = {i == 2 ? 64 : 128, P, TKVK_DTYPE_FP8_E4M3,
+                  i % 2 ? TKVK_SCALE_PER_TOKEN_HEAD : TKVK_SCALE_PER_TENSOR, TKVK_DTYPE_FP8_E4M3,
+                  2, gq32[i][0], gq32[i][1], {P + 1, 0, 1, 31, 32, 33, 4097, 300 + rnd_int(2500)}};
+        run_case(c, s, i == 0);
+    }
     tkvk__decode_kernel(TKVK__DEC_AUTO);
+    /* A plan made for 32 rows (two warps per worker) used for steps of 16 and 8 rows (the
+     * second warp of each worker has no rows). */
+    for (int rows = 16; rows >= 8; rows /= 2) {
+        Case c = {128, 64, TKVK_DTYPE_FP8_E4M3, TKVK_SCALE_PER_TENSOR, TKVK_DTYPE_FP8_E4M3, 2,
+                  8, rows / 8, {4097, 0, 1, 63, 64, 65, 300 + rnd_int(2500)}, 32};
+        run_case(c, s, false);
+    }
     /* The benchmark's shapes, with 128K in the batch. */
     {
         Case c = {128, 64, TKVK_DTYPE_FP8_E4M3, TKVK_SCALE_PER_TENSOR, TKVK_DTYPE_FP8_E4M3, 1, 8, 1,
