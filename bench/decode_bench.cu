@@ -18,8 +18,8 @@
  * warp-worker kernel), through the warp-worker kernel's other layouts (at most 8 rows: rows
  * on the mma's M side, m16_us; 17..32 rows: one warp per worker, one_us), and with floors of
  * 1, 2, 4 and 8 tiles per worker (or, with --combine, with the launcher's combine shape and
- * 16 warps per row over 1, 2 and 4 slices of the head dim; with --warps, 8, 4, 2 and 1 warps
- * per CTA, 8 per SM).
+ * 16 warps per row over 1, 2 and 4 slices of the head dim, static timed beside it with the
+ * same shape; with --warps, 8, 4, 2 and 1 warps per CTA, 8 per SM).
  *
  * Usage: decode_bench [--json] [--peer FILE] [--quick] [--combine | --warps] [--values a,b,c,d]
  *                     [--case NAME] [--hq N] [--qlen N]
@@ -199,6 +199,7 @@ struct Row {
     double m16;          /* at most 8 rows: the warp-worker kernel with rows on the mma's M side */
     double one;          /* 17..32 rows: the warp-worker kernel with one warp per worker */
     double sweep_us[4];  /* dynamic at each of sweep_values() */
+    double sweep_static_us[4]; /* --combine: static at each of them (side by side), else -1 */
     int splits;
     double peer; /* < 0: none */
 };
@@ -399,11 +400,21 @@ static Row run(const BenchCase &bc, int hq, int hkv, int q_len, cudaStream_t s)
      * graph for each choice; warps: a new plan for each */
     for (int f = 0; f < 4; f++) {
         const int v = sweep_values()[f];
+        row.sweep_static_us[f] = -1;
         if (g_sweep == SWEEP_COMBINE) {
+            /* dynamic and static with the same combine shape, side by side */
             tkvk__decode_tune(v);
-            cudaGraphExec_t exec = attend_graph();
-            row.sweep_us[f] = time_graph(exec, s, false);
-            CK(cudaGraphExecDestroy(exec));
+            cudaGraphExec_t ex[2] = {attend_graph(), nullptr};
+            CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+            TK(tkvk_decode_static_cuda(plan, &as, max_len, 0, s));
+            CK(cudaStreamEndCapture(s, &g));
+            CK(cudaGraphInstantiate(&ex[1], g, 0));
+            CK(cudaGraphDestroy(g));
+            time_graphs(ex, 2, s, false, t);
+            row.sweep_us[f] = t[0];
+            row.sweep_static_us[f] = t[1];
+            CK(cudaGraphExecDestroy(ex[0]));
+            CK(cudaGraphExecDestroy(ex[1]));
         } else if (g_sweep == SWEEP_WARPS) {
             row.sweep_us[f] = time_kernel(TKVK__DEC_AUTO, v);
         } else {
@@ -549,6 +560,10 @@ int main(int argc, char **argv)
                         r.step, r.hbm_fraction, r.stat / r.dyn, anchor_s, xa_s, fi_s, xfi_s,
                         r.max_diff, r.cta, r.m16, r.one, r.sweep_us[0], r.sweep_us[1],
                         r.sweep_us[2], r.sweep_us[3]);
+                if (g_sweep == SWEEP_COMBINE)
+                    fprintf(tab, "%-18s static with the same combine shapes: %6.1f/%6.1f/%6.1f/%6.1f\n",
+                            "", r.sweep_static_us[0], r.sweep_static_us[1], r.sweep_static_us[2],
+                            r.sweep_static_us[3]);
                 fflush(tab);
                 rows.push_back(r);
             }
@@ -557,24 +572,30 @@ int main(int argc, char **argv)
         printf("[\n");
         for (size_t i = 0; i < rows.size(); i++) {
             const Row &r = rows[i];
-            char fi[32];
+            char fi[32], st[160] = "";
             if (r.peer > 0)
                 snprintf(fi, sizeof fi, "%.2f", r.peer);
             else
                 snprintf(fi, sizeof fi, "null");
+            if (g_sweep == SWEEP_COMBINE)
+                snprintf(st, sizeof st,
+                         ", \"static_combine_us\": {\"%d\": %.2f, \"%d\": %.2f, \"%d\": %.2f, "
+                         "\"%d\": %.2f}",
+                         sv[0], r.sweep_static_us[0], sv[1], r.sweep_static_us[1], sv[2],
+                         r.sweep_static_us[2], sv[3], r.sweep_static_us[3]);
             printf("  {\"case\": \"%s\", \"hq\": %d, \"hkv\": %d, \"q_len\": %d, \"kv_bytes\": %.0f, "
                    "\"dynamic_us\": %.2f, \"static_us\": %.2f, \"flashinfer_us\": %s, "
                    "\"dynamic_flushed_us\": %.2f, \"static_flushed_us\": %.2f, \"plan_us\": %.2f, "
                    "\"step_us\": %.2f, \"hbm_fraction\": %.3f, \"copy_rate_gbs\": %.1f, "
                    "\"dyn_vs_static_max_abs_diff\": %.3g, \"dynamic_cta_kernel_us\": %.2f, "
                    "\"dynamic_m16_us\": %.2f, \"dynamic_one_warp_us\": %.2f, "
-                   "\"%s\": {\"%d\": %.2f, \"%d\": %.2f, \"%d\": %.2f, \"%d\": %.2f}}%s\n",
+                   "\"%s\": {\"%d\": %.2f, \"%d\": %.2f, \"%d\": %.2f, \"%d\": %.2f}%s}%s\n",
                    r.name.c_str(), r.hq, r.hkv, r.q_len, r.kv_bytes, r.dyn, r.stat, fi,
                    r.dyn_flushed, r.stat_flushed, r.plan, r.step, r.hbm_fraction, rate / 1e9,
                    r.max_diff, r.cta, r.m16, r.one,
                    kSweepKey[g_sweep], sv[0],
                    r.sweep_us[0], sv[1], r.sweep_us[1], sv[2], r.sweep_us[2], sv[3],
-                   r.sweep_us[3], i + 1 < rows.size() ? "," : "");
+                   r.sweep_us[3], st, i + 1 < rows.size() ? "," : "");
         }
         printf("]\n");
     }
