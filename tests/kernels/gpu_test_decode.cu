@@ -763,6 +763,16 @@ int main(void)
                   8, rows / 8, {4097, 0, 1, 63, 64, 65, 300 + rnd_int(2500)}, 32};
         run_case(c, s, false);
     }
+    /* Two warps per bin with the CTA's merge: one request of as many tiles as the grid has
+     * warps (SMs x 8) makes, at the 32-row floor of 2 tiles, 4 bins per CTA of 8 warps: every
+     * bin is worked by two warps and each CTA's run of bins is merged into one slot. */
+    {
+        int sms = 0;
+        CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+        Case c = {128, 64, TKVK_DTYPE_FP8_E4M3, TKVK_SCALE_PER_TENSOR, TKVK_DTYPE_FP8_E4M3, 1, 8,
+                  4, {sms * 8 * 64}};
+        run_case(c, s, true);
+    }
     /* The benchmark's shapes, with 128K in the batch. */
     {
         Case c = {128, 64, TKVK_DTYPE_FP8_E4M3, TKVK_SCALE_PER_TENSOR, TKVK_DTYPE_FP8_E4M3, 1, 8, 1,
