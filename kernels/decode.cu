@@ -329,8 +329,8 @@ __device__ __forceinline__ size_t row_index(const P &p, int req, int kvh, int r)
  * Compute, docs/perf.md), so it works out each pair's bins once (pass 2), each task's from
  * them with one division, and the values common to all threads in one thread. Its CTAs
  * (`ctas` of cta_warps warps) share the bins in order (tkvk__decode_bins); bin j of CTA c is
- * worked by warp c * cta_warps + j or, where halves_ok is 2 (17..32 rows) and no CTA has more
- * than cta_warps / 2 bins, by warps c * cta_warps + 2j and 2j + 1 (rows 0..15 and 16..; the
+ * worked by warp c * cta_warps + j or, where may_pair (17..32 rows) and no CTA has more than
+ * cta_warps / 2 bins, by warps c * cta_warps + 2j and 2j + 1 (rows 0..15 and 16..; the
  * map is the same either way). The worker_* arrays hold each warp's head (WarpHead: task
  * range [first, end), first task, and its request's length, slot, whether the CTA merges its
  * partial, and the warps of its bin), for one round trip at its start. kSmem: the per-pair
@@ -339,7 +339,7 @@ __device__ __forceinline__ size_t row_index(const P &p, int req, int kvh, int r)
 template <bool kSmem>
 __global__ void __launch_bounds__(kPlanThreads, 1)
     dec_plan_kernel(const int32_t *kv_lens, int num_requests, int hkv, int grid, int min_tiles,
-                    int cta_warps, int ctas, int halves_ok, int4 *tasks, int32_t *task_len,
+                    int cta_warps, int ctas, int may_pair, int4 *tasks, int32_t *task_len,
                     int32_t *task_slot, int32_t *bin_first, int2 *worker_span,
                     int4 *worker_task0, int4 *worker_aux0, int32_t *pair_first,
                     int32_t *pair_count, int32_t *slot_first, int32_t *slot_count,
@@ -380,7 +380,7 @@ __global__ void __launch_bounds__(kPlanThreads, 1)
         s_bins = tkvk__decode_bins_of(num_tiles, grid, min_tiles, ctas);
         /* workers of two warps, each with half the rows, where every CTA has at most
          * cta_warps / 2 bins: then the bins stay at the floor and twice the warps work */
-        s_hv = halves_ok == 2 && (s_bins.q + (s_bins.rem > 0)) * 2 <= cta_warps ? 2 : 1;
+        s_hv = may_pair && (s_bins.q + (s_bins.rem > 0)) * 2 <= cta_warps ? 2 : 1;
     }
     __syncthreads();
     const tkvk__decode_bins bins = s_bins;
@@ -2379,8 +2379,8 @@ cudaError_t launch_pdl(void (*fn)(Args...), dim3 grid, dim3 block, size_t smem,
 
 struct tkvk_decode_plan {
     int device, num_sms, grid, min_tiles;
-    int cta_warps; /* workers per CTA of the warp-worker kernel (1 for the CTA kernel) */
-    int halves_ok; /* 2: the plan kernel may make workers of two warps (17..32 rows), else 1 */
+    int cta_warps; /* warps per CTA of the warp-worker kernel (1 for the CTA kernel) */
+    int may_pair;  /* the plan kernel may give a bin two warps (17..32 rows, dec_warp_kernel) */
     int max_requests, num_kv_heads, max_rows, head_dim;
     int task_cap;
     int4 *tasks;
@@ -2489,7 +2489,7 @@ extern "C" int tkvk_decode_plan_create(tkvk_decode_plan **out, int max_requests,
     if (rc)
         goto fail;
     pl->cta_warps = 1;
-    pl->halves_ok = 1;
+    pl->may_pair = 0;
     if (v.threads == 32) {
         /* the warp-worker kernel: kWarpWorkersPerSm workers an SM in CTAs of cta_warps, held
          * there by a shared-memory carve-out that leaves the rest of the SM's memory to L1 */
@@ -2499,8 +2499,7 @@ extern "C" int tkvk_decode_plan_create(tkvk_decode_plan **out, int max_requests,
         int per_sm = dec_fit_warps(v.smem, optin, kWarpWorkersPerSm);
         pl->cta_warps = g_cta_warps > 0 && g_cta_warps < per_sm ? g_cta_warps : per_sm;
         occ = per_sm / pl->cta_warps;
-        /* 17..32 rows: the plan kernel may pair the warps (dec_warp_kernel) */
-        pl->halves_ok = max_rows > 16 && g_kernel != TKVK__DEC_WARP_ONE ? 2 : 1;
+        pl->may_pair = max_rows > 16 && g_kernel != TKVK__DEC_WARP_ONE;
         DEC_TRY(cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor,
                                        pl->device));
         /* each CTA also takes 1 KB of the SM's shared memory for the system */
@@ -2613,11 +2612,10 @@ extern "C" int tkvk_decode_plan_cuda(tkvk_decode_plan *pl, const int32_t *kv_len
     TKVK_CUDA_TRY(launch_pdl(in_smem ? dec_plan_kernel<true> : dec_plan_kernel<false>, dim3(1),
                              dim3(kPlanThreads), in_smem ? smem : 0, (cudaStream_t)stream,
                              kv_lens, num_requests, pl->num_kv_heads, pl->grid, pl->min_tiles,
-                             pl->cta_warps, pl->grid / pl->cta_warps, pl->halves_ok, pl->tasks,
-                             pl->task_len,
-                             pl->task_slot, pl->bin_first, pl->worker_span, pl->worker_task0,
-                             pl->worker_aux0, pl->pair_first, pl->pair_count, pl->slot_first,
-                             pl->slot_count, pl->info, pl->pair_scratch));
+                             pl->cta_warps, pl->grid / pl->cta_warps, pl->may_pair, pl->tasks,
+                             pl->task_len, pl->task_slot, pl->bin_first, pl->worker_span,
+                             pl->worker_task0, pl->worker_aux0, pl->pair_first, pl->pair_count,
+                             pl->slot_first, pl->slot_count, pl->info, pl->pair_scratch));
     TKVK_CUDA_TRY(cudaGetLastError());
     pl->planned_requests = num_requests;
     return TKVK_OK;
