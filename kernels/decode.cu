@@ -472,12 +472,12 @@ __global__ void __launch_bounds__(kPlanThreads, 1)
                 : bin != c_first ? w - hv
                                  : (c - 1) * cta_warps +
                                        (bin - 1 - tkvk__decode_cta_first_bin(&bins, c - 1)) * hv;
-            for (int k = 0; k < hv; k++) {
-                worker_span[w + k].x = d;
-                worker_task0[w + k] = tk;
-                worker_aux0[w + k] = make_int4(len, slot, joined || next_joined, hv);
+            for (int i = 0; i < hv; i++) {
+                worker_span[w + i].x = d;
+                worker_task0[w + i] = tk;
+                worker_aux0[w + i] = make_int4(len, slot, joined || next_joined, hv);
                 if (wp >= 0)
-                    worker_span[wp + k].y = d;
+                    worker_span[wp + i].y = d;
             }
         }
     }

@@ -451,7 +451,6 @@ static int max_rows_of(const Case &c)
     return c.plan_rows ? c.plan_rows : c.group * c.q_len;
 }
 
-/* Dynamic and static on one case, plus determinism and the task map. */
 /* The device's task map of the last plan against the CPU planner's, field by field. */
 static void check_plan_map(tkvk_decode_plan *plan, const std::vector<int32_t> &lens, int hkv,
                            cudaStream_t s)
@@ -508,6 +507,7 @@ static void run_plan_maps(cudaStream_t s)
     }
 }
 
+/* Dynamic and static on one case, plus determinism and the task map. */
 static void run_case(const Case &c, cudaStream_t s, bool check_map)
 {
     Inputs in;
