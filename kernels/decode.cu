@@ -2089,56 +2089,23 @@ __device__ __forceinline__ void combine_pair(const CombineParams &p, int pair, i
     }
 }
 
-/* K warps per (pair, row, slice of D / S dims), max(8, K) warps per CTA, grid.y = S slices;
- * K and S chosen by the launcher from the row count (a long request's rows, with hundreds of
- * partials, are spread over K x S warps on S CTAs, with no merge across CTAs: each slice is a
- * separate output). Warp k of a row merges partials k, k + K, ... in batches: every load of a
- * batch (one LSE per lane, and each lane's D / 32 / S dims of every partial) is issued before
- * any is used, so a batch costs one round trip to L2, and the batches merge online (running
- * max, rescaled sums), so no pass over the LSEs comes first. Then the row's K results are
- * merged through shared memory. No block-wide reductions per row, and a CTA's launch serves
- * 8 / K rows. Registers are held to 64 (32 of them the batch's loads), so that four
- * 256-thread or two 512-thread CTAs fit an SM. */
-template <int D, int K, int S>
-__global__ void __launch_bounds__(K > 8 ? 32 * K : 256, K > 8 ? 2 : 4)
-    dec_combine_warp_kernel(const CombineParams p)
+/* Merges `mine` partials of one row, every STEP-th from the one at lse / src, into this lane's
+ * (mx, ws, acc) in batches of kBatch: every load of a batch (one LSE per lane, and each lane's
+ * V dims of every partial) is issued before any is used, so a batch costs one round trip to L2,
+ * and the batches merge online (running max, rescaled sums), so no pass over the LSEs comes
+ * first. */
+template <int D, int V, int kBatch, int STEP>
+__device__ __forceinline__ void combine_batches(const float *lse, const float *src, int R,
+                                                int mine, float &mx, float &ws, float (&acc)[V])
 {
-    static_assert(D / 32 / S >= 1, "a lane takes at least one dim");
-    constexpr int V = D / 32 / S, kWarps = K > 8 ? K : 8, kRows = kWarps / K;
-    constexpr int kBatch = 32 / V; /* partials per batch: 32 registers of loads */
-    __shared__ float s_acc[K > 1 ? kWarps : 1][D / S];
-    __shared__ float s_m[kWarps], s_w[kWarps];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = warp % K;
-    const int64_t item = (int64_t)blockIdx.x * kRows + warp / K;
-    const int R = p.rows, dim0 = blockIdx.y * (D / S) + lane * V;
-    int pair = 0, r = 0, first = 0, count = 0;
-    /* The pair's slots come from the plan, which finished before the attention kernel got
-     * past its own wait, and so before this grid could start: read while the attention
-     * kernel still runs, one round trip off the step's critical path. */
-    if (item < (int64_t)p.num_pairs * R) {
-        pair = (int)(item / R);
-        r = (int)(item % R);
-        combine_pair(p, pair, first, count);
-    }
-    pdl_wait();
-    pdl_trigger();
-    /* skipped rows still reach the barrier below (K > 1) */
-    const bool skip = item >= (int64_t)p.num_pairs * R || (p.direct && count == 1);
-    const int mine = skip ? 0 : (count - sub + K - 1) / K; /* partials sub + K j */
-    const float *lse = p.part_lse + (size_t)first * R + r;
-    const float *src = p.part_o + ((size_t)(first + sub) * R + r) * D + dim0;
-    float mx = -INFINITY, ws = 0.0f; /* ws: this lane's partials' weights, at scale mx */
-    float acc[V];
-#pragma unroll
-    for (int v = 0; v < V; v++)
-        acc[v] = 0.0f;
+    const int lane = threadIdx.x & 31;
     for (int j0 = 0; j0 < mine; j0 += kBatch) {
         const int n = min(kBatch, mine - j0);
-        const float li = lane < n ? lse[(size_t)(sub + K * (j0 + lane)) * R] : -INFINITY;
+        const float li = lane < n ? lse[(size_t)STEP * (j0 + lane) * R] : -INFINITY;
         float x[kBatch][V];
 #pragma unroll
         for (int j = 0; j < kBatch; j++) {
-            const float *at = src + (size_t)(j0 + j) * K * R * D;
+            const float *at = src + (size_t)(j0 + j) * STEP * R * D;
             if (V == 1) {
                 x[j][0] = j < n ? *at : 0.0f;
             } else {
@@ -2177,10 +2144,68 @@ __global__ void __launch_bounds__(K > 8 ? 32 * K : 256, K > 8 ? 2 : 4)
             }
         }
     }
+}
+
+/* K warps per (pair, row, slice of D / S dims), max(8, K) warps per CTA, grid.y = S slices;
+ * K and S chosen by the launcher from the row count (a long request's rows, with hundreds of
+ * partials, are spread over K x S warps on S CTAs, with no merge across CTAs: each slice is a
+ * separate output). Warp k of a row merges partials k, k + K, ... (combine_batches), then the
+ * row's K results are merged through shared memory. A row whose partials fit one batch (every
+ * row of a uniform batch, the short rows beside a long request) is merged by its warp 0 alone,
+ * straight from its loads: with K >= 8 a CTA is one row, and its other warps leave before the
+ * grid-dependency wait, so the CTA has no barrier and frees its warp slots early. Measured on
+ * an H200 (docs/perf.md, the eighth stop): on 64x512 8/1 the combine's time after the
+ * attention kernel's end fell from 3.1 to 1.6 us, and the step took 1.3-1.6 us less. No
+ * block-wide reductions per row, and a CTA's launch serves 8 / K rows. Registers are held to
+ * 64 (32 of them the batch's loads), so that four 256-thread or two 512-thread CTAs fit an SM. */
+template <int D, int K, int S>
+__global__ void __launch_bounds__(K > 8 ? 32 * K : 256, K > 8 ? 2 : 4)
+    dec_combine_warp_kernel(const CombineParams p)
+{
+    static_assert(D / 32 / S >= 1, "a lane takes at least one dim");
+    constexpr int V = D / 32 / S, kWarps = K > 8 ? K : 8, kRows = kWarps / K;
+    constexpr int kBatch = 32 / V; /* partials per batch: 32 registers of loads */
+    __shared__ float s_acc[K > 1 ? kWarps : 1][D / S];
+    __shared__ float s_m[kWarps], s_w[kWarps];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = warp % K;
+    const int64_t item = (int64_t)blockIdx.x * kRows + warp / K;
+    const int R = p.rows, dim0 = blockIdx.y * (D / S) + lane * V;
+    int pair = 0, r = 0, first = 0, count = 0;
+    /* The pair's slots come from the plan, which finished before the attention kernel got
+     * past its own wait, and so before this grid could start: read while the attention
+     * kernel still runs, one round trip off the step's critical path. */
+    if (item < (int64_t)p.num_pairs * R) {
+        pair = (int)(item / R);
+        r = (int)(item % R);
+        combine_pair(p, pair, first, count);
+    }
+    /* one warp's row (the same for every warp of a CTA when K >= 8: one row per CTA) */
+    const bool solo = K > 1 && count <= kBatch;
+    if (K >= 8 && solo && sub != 0)
+        return;
+    pdl_wait();
+    pdl_trigger();
+    /* skipped rows still reach the barrier below (K > 1, but not the solo rows of K >= 8) */
+    const bool skip = item >= (int64_t)p.num_pairs * R || (p.direct && count == 1);
+    const float *lse = p.part_lse + (size_t)first * R + r;
+    float mx = -INFINITY, ws = 0.0f; /* ws: this lane's partials' weights, at scale mx */
+    float acc[V];
+#pragma unroll
+    for (int v = 0; v < V; v++)
+        acc[v] = 0.0f;
+    if (solo) {
+        if (!skip && sub == 0)
+            combine_batches<D, V, kBatch, 1>(lse, p.part_o + ((size_t)first * R + r) * D + dim0,
+                                             R, count, mx, ws, acc);
+    } else if (!skip) {
+        combine_batches<D, V, kBatch, K>(lse + (size_t)sub * R,
+                                         p.part_o + ((size_t)(first + sub) * R + r) * D + dim0,
+                                         R, (count - sub + K - 1) / K, mx, ws, acc);
+    }
 #pragma unroll
     for (int o = 16; o; o >>= 1)
         ws += __shfl_xor_sync(0xffffffffu, ws, o);
-    if (K > 1) {
+    if (K > 1 && !(K >= 8 && solo)) {
         /* the row's K warps: their (max, sum, sums) through shared memory to warp sub 0 */
         if (lane == 0) {
             s_m[warp] = mx;
