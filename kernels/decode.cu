@@ -14,7 +14,8 @@
  *            task it writes the partial O (normalised, f32) and its base-2 LSE.
  *   combine  merges each (request, KV head, row)'s partials with the global softmax and
  *            writes BF16 O and the LSE: K warps per row, and for few rows the head dim cut in
- *            S slices on separate CTAs, K x S chosen from the row count.
+ *            S slices on separate CTAs, K x S chosen from the row count; a row whose partials
+ *            fit one warp's batch is that warp's alone.
  * Kernels are chained with programmatic dependent launch: each triggers its dependents as it
  * starts and waits (griddepcontrol.wait, which returns when the previous kernel has finished
  * and its writes are visible) before its first memory access, so the next kernel's CTAs are
