@@ -2180,13 +2180,13 @@ __global__ void __launch_bounds__(K > 8 ? 32 * K : 256, K > 8 ? 2 : 4)
         r = (int)(item % R);
         combine_pair(p, pair, first, count);
     }
-    /* one warp's row (the same for every warp of a CTA when K >= 8: one row per CTA) */
-    const bool solo = K > 1 && count <= kBatch;
-    if (K >= 8 && solo && sub != 0)
+    /* one warp's row; alone: also the CTA's only work (K >= 8: one row per CTA) */
+    const bool solo = K > 1 && count <= kBatch, alone = K >= 8 && solo;
+    if (alone && sub != 0)
         return;
     pdl_wait();
     pdl_trigger();
-    /* skipped rows still reach the barrier below (K > 1, but not the solo rows of K >= 8) */
+    /* skipped rows still reach the barrier below (K > 1, unless alone) */
     const bool skip = item >= (int64_t)p.num_pairs * R || (p.direct && count == 1);
     const float *lse = p.part_lse + (size_t)first * R + r;
     float mx = -INFINITY, ws = 0.0f; /* ws: this lane's partials' weights, at scale mx */
@@ -2206,7 +2206,7 @@ __global__ void __launch_bounds__(K > 8 ? 32 * K : 256, K > 8 ? 2 : 4)
 #pragma unroll
     for (int o = 16; o; o >>= 1)
         ws += __shfl_xor_sync(0xffffffffu, ws, o);
-    if (K > 1 && !(K >= 8 && solo)) {
+    if (K > 1 && !alone) {
         /* the row's K warps: their (max, sum, sums) through shared memory to warp sub 0 */
         if (lane == 0) {
             s_m[warp] = mx;
