@@ -2076,14 +2076,19 @@ struct CombineParams {
     float *lse;
 };
 
-/* The partials of a pair: first slot and count. Read from L2 (ld.global.cg), never from a
- * line an earlier step left in L1: the combine reads them before its grid-dependency wait. */
+/* The partials of a pair: first slot and count, read through the read-only cache
+ * (ld.global.nc) before the grid-dependency wait. The plan's arrays are not written during
+ * this grid's lifetime: the plan finished before the attention kernel passed its wait and
+ * triggered this launch, and the next step's plan waits for this grid to end. Every warp of a
+ * row and every row of a pair load the same two words, so the warps of an SM share one L2
+ * request; with ld.global.cg each warp sent its own, thousands to a few lines (4,096 warps,
+ * 64 pairs on 64x512 8/1), and the step was 0.4-0.8 us slower (docs/perf.md, the ninth stop). */
 __device__ __forceinline__ void combine_pair(const CombineParams &p, int pair, int &first,
                                              int &count)
 {
     if (p.pair_first) {
-        first = __ldcg(p.pair_first + pair);
-        count = __ldcg(p.pair_count + pair);
+        first = __ldg(p.pair_first + pair);
+        count = __ldg(p.pair_count + pair);
     } else {
         first = pair * p.static_splits;
         count = p.static_splits;
