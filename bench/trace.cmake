@@ -68,3 +68,48 @@ add_test(NAME bench_trace_replay_fast_agrees
                  -DTRACE=${TKV_DATA_DIR}/mooncake_conversation_trace.jsonl
                  -P ${CMAKE_CURRENT_BINARY_DIR}/trace_fast_agrees.cmake)
 set_tests_properties(bench_trace_replay_fast_agrees PROPERTIES TIMEOUT 300)
+
+
+# bench/policy_model.py (a Python model of the tier manager for trying policies before building
+# them in C, docs/design.md) must model the same manager: its LRU gives trace_replay's LRU hit
+# counts, and its learned policy runs and hits.
+find_package(Python3 COMPONENTS Interpreter)
+if(Python3_Interpreter_FOUND)
+  file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/policy_model_agrees.cmake [=[
+execute_process(COMMAND ${PYTHON} ${MODEL} --trace ${TRACE} --capacity 200,1000 --requests 1500
+                        --policy lru
+                OUTPUT_VARIABLE model RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "policy_model.py exited with ${rc}")
+endif()
+execute_process(COMMAND ${PYTHON} ${MODEL} --trace ${TRACE} --capacity 1000 --requests 300
+                        --policy index-online
+                OUTPUT_VARIABLE online RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0 OR NOT online MATCHES "\"policy\": \"index-online\".*\"hit_blocks\": [1-9]")
+  message(FATAL_ERROR "policy_model.py --policy index-online: ${rc} ${online}")
+endif()
+execute_process(COMMAND ${REPLAY} --trace ${TRACE} --capacity 200,1000 --requests 1500
+                        --policy lru --fast --json
+                OUTPUT_VARIABLE replay RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "trace_replay exited with ${rc}")
+endif()
+string(REGEX MATCHALL "\"hit_blocks\": [0-9]+" lru_model "${model}")
+string(REGEX MATCHALL "\"hit_blocks\": [0-9]+" lru_replay "${replay}")
+list(LENGTH lru_replay n)
+if(NOT n EQUAL 2)
+  message(FATAL_ERROR "expected 2 results: ${replay}")
+endif()
+if(NOT lru_model STREQUAL lru_replay)
+  message(FATAL_ERROR "the model's LRU disagrees with trace_replay: ${lru_model} vs ${lru_replay}")
+endif()
+message(STATUS "model and trace_replay agree on LRU: ${lru_model}")
+]=])
+  add_test(NAME bench_policy_model_agrees
+           COMMAND ${CMAKE_COMMAND} -DPYTHON=${Python3_EXECUTABLE}
+                   -DMODEL=${CMAKE_CURRENT_SOURCE_DIR}/policy_model.py
+                   -DREPLAY=$<TARGET_FILE:trace_replay>
+                   -DTRACE=${TKV_DATA_DIR}/mooncake_conversation_trace.jsonl
+                   -P ${CMAKE_CURRENT_BINARY_DIR}/policy_model_agrees.cmake)
+  set_tests_properties(bench_policy_model_agrees PROPERTIES TIMEOUT 300)
+endif()

@@ -81,6 +81,7 @@ const tkv_policy_ops *const *tkv_policy_all(void);
 
 extern const tkv_policy_ops tkv_policy_lru;
 extern const tkv_policy_ops tkv_policy_tierkv; /* prefix-aware; storage/policy_tierkv.c */
+extern const tkv_policy_ops tkv_policy_hazard; /* learned reuse hazard; storage/policy_hazard.c */
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,618 @@
+/* policy_hazard.c - "hazard": evict the block least worth its space by a learned reuse hazard.
+ *
+ * Every use of a block (its insertion, a hit, or a refused put) starts an *event* that ends at
+ * the block's next use (a reuse) or when the policy stops being able to see one (censored).
+ * Events are classed by what the policy knows of the put that inserted the block: the block's
+ * prior uses (1..4, hits in the tier plus what the ghost history remembers), its distance
+ * from the put's end (floor(log2(d + 1)), 4 buckets: the dead partial block of a prompt is a
+ * class at any block size), the put's turn (1 for a chain started under a hub or from
+ * nothing, else the turn of its deepest block with history + 1, up to 5) and how many new
+ * blocks the put brought (buckets 4x apart). A hit keeps the put's features (the request that
+ * hit is not known when the hit is). Per class and age bucket the policy learns the reuse hazard online: reuses seen at
+ * age a over the ticks the class's open events spent at age a (blocks still cached included:
+ * counting only finished stays over-weights the short ones), as a base rate by age shared by
+ * the classes of one prior-use count times the class's own reuse / expected ratio
+ * (proportional hazards: the base has enough data for an age profile, a class needs only its
+ * total).
+ *
+ * From the hazard, the index of a class at age a is the most hits per tick of holding that any
+ * holding time gives: max over T of P(reused within T) / E[min(time to reuse, T)]. victim()
+ * returns the lowest index among kSamples random unpinned tails; admit() refuses a put whose
+ * first block's index at age 0 is below that of the block it would evict. docs/design.md.
+ *
+ * The ghost history remembers blocks that left the tier or were refused (their event stays
+ * open there: a block that comes back is a reuse at its age), kGhostPerCapacity entries per
+ * cached block in 8-way sets of two words; the set's oldest is forgotten (its event censored).
+ * Without key fingerprints (key_fp == 0) departures are censored at once.
+ *
+ * Prefix structure: only unpinned tails (num_children == 0) are sampled; an interior entry is
+ * a victim only when no unpinned tail exists (the oldest of them).
+ *
+ * O(1) per call: kSamples array reads per victim; an event's start and end touch two counters;
+ * every bucket edge (capacity / 8 ticks) adds one row of exposure per class with open events
+ * (NB_AGE steps), every capacity / 16 ticks the indices are rebuilt, NB_AGE steps per class
+ * (a convex hull gives each age's best holding time in one backward pass).
+ *
+ * Entry fields owned here:
+ *   p_u64[0]  tick of the block's last use (its event's start)
+ *   p_u64[1]  class | uses << 9 | turn << 12 | new-blocks bucket << 15 | F_HIST | F_PENDING
+ *   p_u64[2]  1 + its index in the tail array, or 0
+ * prev/next link it into the INTERIOR or PINNED list when it is not in the tail array.
+ */
+#include "tkv_policy.h"
+
+#include "tkv_base.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { NB_AGE = 64 };                        /* age buckets; the last takes every older age */
+static const double kBucketPerFill = 0.125;  /* age bucket width, in fills of the tier */
+enum { kLearnPerFill = 16 };                 /* index rebuilds per fill of the tier */
+enum { kMinBucket = 32, kMinLearn = 256 };   /* floors, in ticks, for tiny tiers */
+static const double kDecay = 1.0 / 64;       /* per rebuild: a memory of about 4 fills */
+static const double kPrior = 20;             /* pseudo-events pulling a class to its base */
+enum { kSamples = 64 };
+static const double kGhostPerCapacity = 4.0;
+enum { GHOST_WAYS = 8 };
+
+/* class = (((uses - 1) * ND + end bucket) * NT + turn - 1) * NN + new bucket */
+enum { NU = 4, ND = 4, NT = 5, NN = 5, NCLASS = NU * ND * NT * NN };
+
+#define F_CLASS 0x1ffull
+#define USES_SHIFT 9
+#define TURN_SHIFT 12
+#define NEWB_SHIFT 15
+#define FIELD3 0x7ull
+#define F_HIST (1ull << 18)    /* entered with ghost history: keeps its own turn */
+#define F_PENDING (1ull << 19) /* in the put being inserted: classed when it ends */
+_Static_assert(NCLASS <= 512, "a class is 9 bits");
+
+enum { IN_NONE, IN_INTERIOR, IN_PINNED };
+
+typedef struct hazard_state {
+    uint64_t capacity, count, tick;
+    uint64_t bucket_ticks, learn_ticks, cur; /* cur = tick / bucket_ticks */
+    uint64_t rng;
+    /* learned: reuses and exposure by class and age (decayed), open events by the bucket they
+     * started in (a ring; NB_AGE - 1 buckets old or more in old_open), the index tables */
+    double reuse[NCLASS][NB_AGE], expo[NCLASS][NB_AGE];
+    double open[NCLASS][NB_AGE], old_open[NCLASS];
+    float ix[NCLASS][NB_AGE];
+    bool has_ix[NCLASS], active[NCLASS];
+    /* unpinned tails, for sampling */
+    tkv_policy_entry **tails;
+    uint64_t ntails, tails_cap;
+    tkv_policy_entry lists[3]; /* sentinels, [IN_INTERIOR], [IN_PINNED] */
+    /* the put being inserted: its newest block, the parent of its first, its length and new
+     * blocks, and the turn of its deepest block with ghost history (-1: none) */
+    tkv_policy_entry *run_last, *run_parent;
+    uint64_t run_len, run_new;
+    int run_hist_turn;
+    /* ghost: sets of GHOST_WAYS (fingerprint word, meta word) pairs, way 0 newest */
+    uint64_t *ghost, ghost_sets;
+    /* admit(): the put being judged, its verdict and turn; the fingerprints and prior uses of
+     * the blocks it refused, classed when the put ends (its length is known then) */
+    uint64_t admit_now;
+    bool admit_valid, admit_verdict;
+    unsigned admit_turn;
+    uint64_t *refused_fp;
+    uint64_t nrefused, refused_cap;
+} hazard_state;
+
+/* ---- entry fields ------------------------------------------------------------------------- */
+static unsigned cls_of(const tkv_policy_entry *e) { return (unsigned)(e->p_u64[1] & F_CLASS); }
+static unsigned field(const tkv_policy_entry *e, int shift)
+{
+    return (unsigned)((e->p_u64[1] >> shift) & FIELD3);
+}
+
+static unsigned new_bucket(uint64_t n)
+{
+    return n <= 4 ? 0 : n <= 16 ? 1 : n <= 64 ? 2 : n <= 256 ? 3 : 4;
+}
+
+/* distance d from the end of its put: floor(log2(d + 1)), capped (the last bucket is also a
+ * put still being inserted) */
+static unsigned end_bucket(uint64_t d)
+{
+    unsigned b = 0;
+    for (d += 1; d > 1 && b < ND - 1; d >>= 1)
+        b++;
+    return b;
+}
+
+static unsigned make_class(unsigned uses, unsigned endb, unsigned turn, unsigned newb)
+{
+    uses = uses < 1 ? 1 : uses > NU ? NU : uses;
+    turn = turn < 1 ? 1 : turn > NT ? NT : turn;
+    return (((uses - 1) * ND + endb) * NT + turn - 1) * NN + newb;
+}
+
+static void set_fields(tkv_policy_entry *e, unsigned cls, unsigned uses, unsigned turn, unsigned newb)
+{
+    uses = uses > NU ? NU : uses;
+    turn = turn > NT ? NT : turn;
+    e->p_u64[1] = (e->p_u64[1] & (F_HIST | F_PENDING)) | cls | (uint64_t)uses << USES_SHIFT |
+                  (uint64_t)turn << TURN_SHIFT | (uint64_t)newb << NEWB_SHIFT;
+}
+
+/* ---- learning ----------------------------------------------------------------------------- */
+/* The counter of class c's open events that holds one started at tick `start`; *age: its age
+ * bucket now. */
+static double *open_count(hazard_state *st, unsigned c, uint64_t start, uint64_t *age)
+{
+    uint64_t a = st->cur - start / st->bucket_ticks;
+    *age = a < NB_AGE - 1 ? a : NB_AGE - 1;
+    return a < NB_AGE - 1 ? &st->open[c][(start / st->bucket_ticks) % NB_AGE] : &st->old_open[c];
+}
+
+/* An event of class c starts (or, moved from another class, started) at tick `start`. */
+static void ev_start(hazard_state *st, unsigned c, uint64_t start)
+{
+    uint64_t a;
+    *open_count(st, c, start, &a) += 1;
+    st->active[c] = true;
+}
+
+/* An event of class c that started at tick `start` ends: reused, or no longer observable. */
+static void ev_end(hazard_state *st, unsigned c, uint64_t start, bool reused)
+{
+    uint64_t a;
+    *open_count(st, c, start, &a) -= 1;
+    if (reused)
+        st->reuse[c][a] += 1;
+}
+
+/* Index by age from per-bucket hazards h: with S the survival, points (G_i, F_i) = (sum of
+ * S below i, 1 - S_i); the index at a is the largest slope from point a to a later point, the
+ * tangent to the upper hull of the later points, which the backward pass keeps on a stack. */
+static void build_index(float *out, const double *h)
+{
+    double G[NB_AGE + 1], F[NB_AGE + 1], s = 1;
+    G[0] = 0;
+    for (int a = 0; a < NB_AGE; a++) {
+        G[a + 1] = G[a] + s;
+        s *= 1 - h[a];
+        F[a + 1] = 1 - s;
+    }
+    F[0] = 0;
+    int stack[NB_AGE + 1], n = 0;
+    stack[n++] = NB_AGE;
+#define SLOPE(i, j) ((F[j] - F[i]) / (G[j] - G[i]))
+    for (int a = NB_AGE - 1; a >= 0; a--) {
+        while (n >= 2 && SLOPE(a, stack[n - 1]) <= SLOPE(a, stack[n - 2]))
+            n--;
+        out[a] = (float)SLOPE(a, stack[n - 1]);
+        stack[n++] = a;
+    }
+#undef SLOPE
+}
+
+static void learn(hazard_state *st)
+{
+    for (unsigned u = 0; u < NU; u++) {
+        unsigned per_u = NCLASS / NU, c0 = u * per_u;
+        double base[NB_AGE];
+        for (int a = 0; a < NB_AGE; a++) {
+            double r = 0, e = 0;
+            for (unsigned c = c0; c < c0 + per_u; c++)
+                if (st->active[c]) {
+                    r += st->reuse[c][a];
+                    e += st->expo[c][a];
+                }
+            base[a] = e > 0 ? r / e : 0;
+        }
+        for (unsigned c = c0; c < c0 + per_u; c++) {
+            if (!st->active[c])
+                continue;
+            double r = 0, expected = 0, h[NB_AGE];
+            for (int a = 0; a < NB_AGE; a++) {
+                r += st->reuse[c][a];
+                expected += st->expo[c][a] * base[a];
+            }
+            double m = (r + kPrior) / (expected + kPrior);
+            for (int a = 0; a < NB_AGE; a++)
+                h[a] = fmin(0.999, base[a] * m);
+            build_index(st->ix[c], h);
+            st->has_ix[c] = true;
+            for (int a = 0; a < NB_AGE; a++) {
+                st->reuse[c][a] *= 1 - kDecay;
+                st->expo[c][a] *= 1 - kDecay;
+            }
+        }
+    }
+}
+
+/* One tick of the clock: bucket edges add a bucket of exposure per open event at its age. */
+static void advance(hazard_state *st)
+{
+    st->tick++;
+    if (st->tick % st->bucket_ticks == 0) {
+        for (unsigned c = 0; c < NCLASS; c++) {
+            if (!st->active[c])
+                continue;
+            for (unsigned a = 0; a < NB_AGE - 1; a++)
+                st->expo[c][a] += st->open[c][(st->cur - a) % NB_AGE];
+            st->expo[c][NB_AGE - 1] += st->old_open[c];
+        }
+        st->cur++;
+        uint64_t slot = (st->cur + 1) % NB_AGE; /* started NB_AGE - 1 buckets ago */
+        for (unsigned c = 0; c < NCLASS; c++) {
+            st->old_open[c] += st->open[c][slot];
+            st->open[c][slot] = 0;
+        }
+    }
+    if (st->tick % st->learn_ticks == 0)
+        learn(st);
+}
+
+static double index_at(const hazard_state *st, unsigned c, uint64_t start)
+{
+    if (!st->has_ix[c])
+        return HUGE_VAL; /* nothing learned yet: keep */
+    uint64_t a = st->cur - start / st->bucket_ticks;
+    return st->ix[c][a < NB_AGE - 1 ? a : NB_AGE - 1];
+}
+
+/* ---- ghost history ------------------------------------------------------------------------ */
+#define GH_VALID 1ull
+/* meta word: start tick (40 bits) | class << 40 | uses << 49 | turn << 52 */
+static uint64_t gh_meta(uint64_t start, unsigned c, unsigned uses, unsigned turn)
+{
+    return (start & ((1ull << 40) - 1)) | (uint64_t)c << 40 | (uint64_t)uses << 49 |
+           (uint64_t)turn << 52;
+}
+
+static uint64_t *ghost_set(const hazard_state *st, uint64_t fp)
+{
+    return st->ghost + (((fp & 0xffffffffull) * st->ghost_sets) >> 32) * GHOST_WAYS * 2;
+}
+
+/* The remembered meta word of fp, removed from the table; 0 if not remembered. */
+static uint64_t ghost_take(hazard_state *st, uint64_t fp)
+{
+    if (!st->ghost || !fp)
+        return 0;
+    uint64_t *w = ghost_set(st, fp), tag = fp | GH_VALID;
+    for (int i = 0; i < GHOST_WAYS; i++) {
+        if (w[2 * i] == tag) {
+            uint64_t meta = w[2 * i + 1];
+            memmove(&w[2 * i], &w[2 * i + 2], (size_t)(GHOST_WAYS - 1 - i) * 2 * sizeof(*w));
+            w[2 * GHOST_WAYS - 2] = w[2 * GHOST_WAYS - 1] = 0;
+            return meta;
+        }
+    }
+    return 0;
+}
+
+static uint64_t ghost_peek(const hazard_state *st, uint64_t fp)
+{
+    if (!st->ghost || !fp)
+        return 0;
+    const uint64_t *w = ghost_set(st, fp), tag = fp | GH_VALID;
+    for (int i = 0; i < GHOST_WAYS; i++)
+        if (w[2 * i] == tag)
+            return w[2 * i + 1];
+    return 0;
+}
+
+/* The start tick of a remembered event: the low 40 bits of a tick within 2^40 of now. */
+static uint64_t meta_start(const hazard_state *st, uint64_t meta)
+{
+    uint64_t lo = meta & ((1ull << 40) - 1), t = (st->tick & ~((1ull << 40) - 1)) | lo;
+    return t > st->tick ? t - (1ull << 40) : t;
+}
+static unsigned meta_class(uint64_t m) { return (unsigned)((m >> 40) & F_CLASS); }
+static unsigned meta_uses(uint64_t m) { return (unsigned)((m >> 49) & FIELD3); }
+static unsigned meta_turn(uint64_t m) { return (unsigned)((m >> 52) & FIELD3); }
+
+/* Remembers an open event of a block that leaves or is refused; without a fingerprint it is
+ * censored now. The set's oldest entry is forgotten, and its event censored. */
+static void ghost_put(hazard_state *st, uint64_t fp, uint64_t start, unsigned c, unsigned uses,
+                      unsigned turn)
+{
+    if (!fp) {
+        ev_end(st, c, start, false);
+        return;
+    }
+    if (!st->ghost) {
+        uint64_t n = (uint64_t)((double)st->capacity * kGhostPerCapacity) / GHOST_WAYS;
+        st->ghost_sets = n ? n : 1;
+        st->ghost = tkv_xcalloc(st->ghost_sets * GHOST_WAYS * 2, sizeof(uint64_t));
+    }
+    uint64_t old = ghost_take(st, fp);
+    if (old)
+        ev_end(st, meta_class(old), meta_start(st, old), false);
+    uint64_t *w = ghost_set(st, fp);
+    if (w[2 * GHOST_WAYS - 2]) {
+        uint64_t m = w[2 * GHOST_WAYS - 1];
+        ev_end(st, meta_class(m), meta_start(st, m), false);
+    }
+    memmove(&w[2], &w[0], (size_t)(GHOST_WAYS - 1) * 2 * sizeof(*w));
+    w[0] = fp | GH_VALID;
+    w[1] = gh_meta(start, c, uses, turn);
+}
+
+/* ---- where an entry lives ----------------------------------------------------------------- */
+static unsigned where_of(const tkv_policy_entry *e)
+{
+    return e->pinned ? IN_PINNED : e->num_children ? IN_INTERIOR : IN_NONE;
+}
+
+static void place(hazard_state *st, tkv_policy_entry *e)
+{
+    unsigned w = where_of(e);
+    if (w == IN_NONE) {
+        if (st->ntails == st->tails_cap) {
+            st->tails_cap = st->tails_cap ? 2 * st->tails_cap : 64;
+            st->tails = tkv_xrealloc(st->tails, st->tails_cap * sizeof(*st->tails));
+        }
+        st->tails[st->ntails] = e;
+        e->p_u64[2] = ++st->ntails;
+    } else {
+        e->p_u64[2] = 0;
+        tkv_plist_push_hot(&st->lists[w], e);
+    }
+}
+
+static void unplace(hazard_state *st, tkv_policy_entry *e)
+{
+    if (e->p_u64[2]) {
+        uint64_t i = e->p_u64[2] - 1;
+        tkv_policy_entry *last = st->tails[--st->ntails];
+        st->tails[i] = last;
+        last->p_u64[2] = i + 1;
+        e->p_u64[2] = 0;
+    } else if (e->prev) {
+        tkv_plist_unlink(e);
+    }
+}
+
+/* ---- the put being inserted --------------------------------------------------------------- */
+static bool is_hub(const tkv_policy_entry *p) { return p->num_children > 2; }
+
+/* The turn of a put hanging under p: after its deepest block with ghost history, else after
+ * p; 1 under a hub (a shared prefix: a new conversation) or from nothing. */
+static unsigned put_turn(const hazard_state *st, const tkv_policy_entry *p)
+{
+    if (st->run_hist_turn >= 0)
+        return (unsigned)st->run_hist_turn + 1;
+    return p && !is_hub(p) ? field(p, TURN_SHIFT) + 1 : 1;
+}
+
+/* The put is complete (a lookup, a block that does not continue it, or its newest block
+ * leaving): its blocks get their class, now that its end, turn and new blocks are known. */
+static void finish_run(hazard_state *st)
+{
+    tkv_policy_entry *e = st->run_last;
+    unsigned turn = put_turn(st, st->run_parent), newb = new_bucket(st->run_new);
+    for (uint64_t i = 0; e && i < st->run_len; i++, e = e->parent) {
+        if (!(e->p_u64[1] & F_PENDING))
+            continue;
+        e->p_u64[1] &= ~F_PENDING;
+        unsigned uses = field(e, USES_SHIFT), c = make_class(uses, end_bucket(i), turn, newb);
+        ev_end(st, cls_of(e), e->p_u64[0], false); /* its open event moves to class c */
+        ev_start(st, c, e->p_u64[0]);
+        set_fields(e, c, uses, (e->p_u64[1] & F_HIST) ? field(e, TURN_SHIFT) : turn, newb);
+    }
+    st->run_last = st->run_parent = NULL;
+    st->run_len = st->run_new = 0;
+    st->run_hist_turn = -1;
+}
+
+/* The refused put is complete: its blocks' events start, classed by its length, and are
+ * remembered (a refused block that comes back is a reuse). */
+static void finish_refused(hazard_state *st)
+{
+    unsigned newb = new_bucket(st->nrefused);
+    for (uint64_t i = 0; i < st->nrefused; i++) {
+        uint64_t fp = st->refused_fp[i], meta = ghost_take(st, fp);
+        unsigned uses = 1;
+        if (meta) {
+            ev_end(st, meta_class(meta), meta_start(st, meta), true);
+            uses = meta_uses(meta) + 1;
+        }
+        unsigned c = make_class(uses, end_bucket(st->nrefused - 1 - i), st->admit_turn, newb);
+        ev_start(st, c, st->tick);
+        ghost_put(st, fp, st->tick, c, uses > NU ? NU : uses, st->admit_turn);
+    }
+    st->nrefused = 0;
+}
+
+/* ---- ops ---------------------------------------------------------------------------------- */
+static void *hazard_create(uint64_t capacity)
+{
+    if (capacity == 0)
+        return NULL;
+    hazard_state *st = tkv_xcalloc(1, sizeof(*st));
+    st->capacity = capacity;
+    st->bucket_ticks = (uint64_t)((double)capacity * kBucketPerFill);
+    if (st->bucket_ticks < kMinBucket)
+        st->bucket_ticks = kMinBucket;
+    st->learn_ticks = capacity / kLearnPerFill;
+    if (st->learn_ticks < kMinLearn)
+        st->learn_ticks = kMinLearn;
+    st->rng = 0x9e3779b97f4a7c15ull;
+    st->run_hist_turn = -1;
+    for (int i = 0; i < 3; i++)
+        tkv_plist_init(&st->lists[i]);
+    return st;
+}
+
+static void hazard_destroy(void *state)
+{
+    hazard_state *st = state;
+    free(st->ghost);
+    free(st->tails);
+    free(st->refused_fp);
+    free(st);
+}
+
+static uint64_t next_rand(hazard_state *st)
+{
+    st->rng ^= st->rng << 13;
+    st->rng ^= st->rng >> 7;
+    st->rng ^= st->rng << 17;
+    return st->rng;
+}
+
+/* Among equal indices (nothing learned yet, or ages past what was seen), recency plus half
+ * a fill of life per prior use. */
+static uint64_t tie_prio(const hazard_state *st, const tkv_policy_entry *e)
+{
+    return e->p_u64[0] + (uint64_t)(field(e, USES_SHIFT) - 1) * (st->capacity / 2);
+}
+
+/* The lowest-index tail among kSamples random ones (ties: the older); NULL if none. */
+static tkv_policy_entry *sample_victim(hazard_state *st, double *index)
+{
+    tkv_policy_entry *best = NULL;
+    double bv = HUGE_VAL;
+    for (int i = 0; i < kSamples && st->ntails; i++) {
+        tkv_policy_entry *e = st->tails[next_rand(st) % st->ntails];
+        double v = index_at(st, cls_of(e), e->p_u64[0]);
+        if (!best || v < bv || (v == bv && tie_prio(st, e) < tie_prio(st, best))) {
+            best = e;
+            bv = v;
+        }
+    }
+    *index = bv;
+    return best;
+}
+
+/* A put is judged as a whole by its first missing block (the store asks admit() for every
+ * block of one put with the same now_ns, and only the first one shows a cached parent): is
+ * its class at age 0 worth at least the block it would evict, per tick? Its length is not
+ * known yet, so the best of the new-blocks classes stands for it. */
+static bool hazard_admit(void *state, const tkv_policy_entry *e, uint64_t now_ns)
+{
+    hazard_state *st = state;
+    if (!st->admit_valid || now_ns != st->admit_now) {
+        finish_refused(st);
+        uint64_t meta = ghost_peek(st, e->key_fp);
+        unsigned uses = meta ? meta_uses(meta) + 1 : 1;
+        st->admit_turn = meta ? meta_turn(meta) + 1 : put_turn(st, e->parent);
+        if (st->admit_turn > NT)
+            st->admit_turn = NT;
+        bool verdict = true;
+        if (st->count >= st->capacity) {
+            double mine = 0, theirs;
+            for (unsigned b = 0; b < NN; b++)
+                mine = fmax(mine, index_at(st, make_class(uses, ND - 1, st->admit_turn, b), st->tick));
+            verdict = !sample_victim(st, &theirs) || mine >= theirs;
+        }
+        st->admit_valid = true;
+        st->admit_now = now_ns;
+        st->admit_verdict = verdict;
+    }
+    if (!st->admit_verdict && e->key_fp) {
+        /* a refused block is a use too, and a tick of the tier's turnover: with no inserts
+         * and no hits the clock would stop and the verdict could never change */
+        advance(st);
+        if (st->nrefused == st->refused_cap) {
+            st->refused_cap = st->refused_cap ? 2 * st->refused_cap : 64;
+            st->refused_fp = tkv_xrealloc(st->refused_fp, st->refused_cap * sizeof(uint64_t));
+        }
+        st->refused_fp[st->nrefused++] = e->key_fp;
+    } else if (!st->admit_verdict) {
+        advance(st);
+    }
+    return st->admit_verdict;
+}
+
+static void hazard_inserted(void *state, tkv_policy_entry *e, uint64_t now_ns)
+{
+    hazard_state *st = state;
+    (void)now_ns;
+    tkv_policy_entry *p = e->parent;
+    finish_refused(st);
+    if (!p || p != st->run_last) {
+        finish_run(st);
+        st->run_parent = p;
+    }
+    advance(st);
+    e->p_u64[0] = st->tick;
+    e->p_u64[1] = F_PENDING;
+    e->prev = e->next = NULL;
+    unsigned uses = 1, own_turn;
+    uint64_t meta = ghost_take(st, e->key_fp);
+    if (meta) { /* it was here, or was refused: looked up again */
+        ev_end(st, meta_class(meta), meta_start(st, meta), true);
+        uses = meta_uses(meta) + 1;
+        own_turn = meta_turn(meta);
+        st->run_hist_turn = (int)own_turn;
+        e->p_u64[1] |= F_HIST;
+    } else {
+        st->run_new++;
+        own_turn = put_turn(st, st->run_parent);
+    }
+    st->run_last = e;
+    st->run_len++;
+    /* provisional class until the put ends */
+    unsigned newb = new_bucket(st->run_new);
+    unsigned c = make_class(uses, ND - 1, put_turn(st, st->run_parent), newb);
+    set_fields(e, c, uses, own_turn, newb);
+    ev_start(st, c, st->tick);
+    st->count++;
+    place(st, e);
+}
+
+static void hazard_accessed(void *state, tkv_policy_entry *e, uint64_t now_ns)
+{
+    hazard_state *st = state;
+    (void)now_ns;
+    finish_refused(st);
+    finish_run(st); /* a lookup: the put before it is complete */
+    ev_end(st, cls_of(e), e->p_u64[0], true);
+    advance(st);
+    /* classed by the put that inserted it: the request that hit it is not known here */
+    unsigned uses = field(e, USES_SHIFT) + 1, turn = field(e, TURN_SHIFT);
+    unsigned newb = field(e, NEWB_SHIFT), c = make_class(uses, ND - 1, turn, newb);
+    set_fields(e, c, uses, turn, newb);
+    e->p_u64[0] = st->tick;
+    ev_start(st, c, st->tick);
+}
+
+static void hazard_removed(void *state, tkv_policy_entry *e)
+{
+    hazard_state *st = state;
+    if (e == st->run_last)
+        finish_run(st);
+    if (e == st->run_parent)
+        st->run_parent = NULL;
+    unplace(st, e);
+    st->count--;
+    /* its event stays open in the ghost history */
+    ghost_put(st, e->key_fp, e->p_u64[0], cls_of(e), field(e, USES_SHIFT), field(e, TURN_SHIFT));
+}
+
+static void hazard_changed(void *state, tkv_policy_entry *e)
+{
+    unplace(state, e);
+    place(state, e);
+}
+
+static tkv_policy_entry *hazard_victim(void *state)
+{
+    hazard_state *st = state;
+    double v;
+    tkv_policy_entry *e = sample_victim(st, &v);
+    if (e)
+        return e;
+    tkv_policy_entry *head = &st->lists[IN_INTERIOR];
+    return head->prev != head ? head->prev : NULL;
+}
+
+const tkv_policy_ops tkv_policy_hazard = {
+    .name = "hazard",
+    .create = hazard_create,
+    .destroy = hazard_destroy,
+    .admit = hazard_admit,
+    .inserted = hazard_inserted,
+    .accessed = hazard_accessed,
+    .removed = hazard_removed,
+    .changed = hazard_changed,
+    .victim = hazard_victim,
+};
