@@ -74,7 +74,7 @@ static inline void tkv_plist_push_hot(tkv_policy_entry *head, tkv_policy_entry *
     head->next = e;
 }
 
-/* Registered policies by name ("lru", "tierkv"); NULL if unknown. */
+/* Registered policies by name ("lru", "tierkv", "hazard"); NULL if unknown. */
 const tkv_policy_ops *tkv_policy_find(const char *name);
 /* NULL-terminated list of registered policies (for --help and tests). */
 const tkv_policy_ops *const *tkv_policy_all(void);
