@@ -270,32 +270,34 @@ static uint64_t *ghost_set(const hazard_state *st, uint64_t fp)
     return st->ghost + (((fp & 0xffffffffull) * st->ghost_sets) >> 32) * GHOST_WAYS * 2;
 }
 
-/* The remembered meta word of fp, removed from the table; 0 if not remembered. */
-static uint64_t ghost_take(hazard_state *st, uint64_t fp)
+/* The way (fingerprint word, meta word) remembering fp, or NULL. */
+static uint64_t *ghost_find(const hazard_state *st, uint64_t fp)
 {
     if (!st->ghost || !fp)
-        return 0;
-    uint64_t *w = ghost_set(st, fp), tag = fp | GH_VALID;
-    for (int i = 0; i < GHOST_WAYS; i++) {
-        if (w[2 * i] == tag) {
-            uint64_t meta = w[2 * i + 1];
-            memmove(&w[2 * i], &w[2 * i + 2], (size_t)(GHOST_WAYS - 1 - i) * 2 * sizeof(*w));
-            w[2 * GHOST_WAYS - 2] = w[2 * GHOST_WAYS - 1] = 0;
-            return meta;
-        }
-    }
-    return 0;
+        return NULL;
+    uint64_t *w = ghost_set(st, fp);
+    for (int i = 0; i < GHOST_WAYS; i++)
+        if (w[2 * i] == (fp | GH_VALID))
+            return &w[2 * i];
+    return NULL;
 }
 
 static uint64_t ghost_peek(const hazard_state *st, uint64_t fp)
 {
-    if (!st->ghost || !fp)
+    const uint64_t *way = ghost_find(st, fp);
+    return way ? way[1] : 0;
+}
+
+/* The remembered meta word of fp, removed from the table; 0 if not remembered. */
+static uint64_t ghost_take(hazard_state *st, uint64_t fp)
+{
+    uint64_t *way = ghost_find(st, fp);
+    if (!way)
         return 0;
-    const uint64_t *w = ghost_set(st, fp), tag = fp | GH_VALID;
-    for (int i = 0; i < GHOST_WAYS; i++)
-        if (w[2 * i] == tag)
-            return w[2 * i + 1];
-    return 0;
+    uint64_t meta = way[1], *end = ghost_set(st, fp) + 2 * GHOST_WAYS;
+    memmove(way, way + 2, (size_t)(end - way - 2) * sizeof(*way));
+    end[-2] = end[-1] = 0;
+    return meta;
 }
 
 /* The start tick of a remembered event: the low 40 bits of a tick within 2^40 of now. */
@@ -465,7 +467,7 @@ static uint64_t tie_prio(const hazard_state *st, const tkv_policy_entry *e)
     return e->p_u64[0] + (uint64_t)(field(e, USES_SHIFT) - 1) * (st->capacity / 2);
 }
 
-/* The lowest-index tail among kSamples random ones (ties: the older); NULL if none. */
+/* The lowest-index tail among kSamples random ones (ties: tie_prio); NULL if none. */
 static tkv_policy_entry *sample_victim(hazard_state *st, double *index)
 {
     tkv_policy_entry *best = NULL;
