@@ -74,7 +74,8 @@ class Learner:
     (proportional hazards: the base has the data for the age profile, the ratio needs only a
     class total)."""
 
-    def __init__(self, capacity, classes, keys, nb=64, per_fill=8, decay=1 / 64, refresh=16, prior=20):
+    def __init__(self, capacity, classes, keys, nb=64, per_fill=8, decay=1 / 64, refresh=16,
+                 prior=20):
         self.nb, self.bw = nb, max(1, capacity // per_fill)
         self.decay, self.every, self.prior = decay, max(1, capacity // refresh), prior
         self.classes, self.ukey = classes, keys.index("u") if "u" in keys else None
@@ -157,7 +158,8 @@ def true_table(reqs, classes, keys, width=8, nb=1200):
         row = []
         for j, b in enumerate(h):
             uses[b] += 1
-            row.append(classes.id(class_key(uses[b], int(j == len(h) - 1), turn[i], len(h) - k, keys)))
+            key = class_key(uses[b], int(j == len(h) - 1), turn[i], len(h) - k, keys)
+            row.append(classes.id(key))
         cls.append(row)
         nxt.append([-1] * len(h))
     for i in range(len(reqs) - 1, -1, -1):
@@ -188,7 +190,8 @@ def replay(reqs, capacity, policy, keys, samples, seed=1, hit_context="request")
         true_cls, table, width, nb = true_table(reqs, classes, keys)
     learner = Learner(capacity, classes, keys) if policy == "index-online" else None
     cached = {}  # block -> [start tick, request, class, children, parent, uses, turn, new]
-    ghost = collections.OrderedDict()  # departed or refused: block -> (start tick, class, uses, turn)
+    # departed or refused blocks: block -> (start tick, class, uses, turn)
+    ghost = collections.OrderedDict()
     tails, tpos, heap = [], {}, []
     tick = 0
 
@@ -264,7 +267,10 @@ def replay(reqs, capacity, policy, keys, samples, seed=1, hit_context="request")
             while kh < n and (h[kh] in cached or h[kh] in ghost):
                 kh += 1
             prev = h[kh - 1] if kh >= 2 else None
-            turn = 1 if prev is None else 1 + (cached[prev][6] if prev in cached else ghost[prev][3])
+            if prev is None:
+                turn = 1
+            else:
+                turn = 1 + (cached[prev][6] if prev in cached else ghost[prev][3])
             new = n - kh
 
         def cls_of(j, uses):
@@ -337,7 +343,8 @@ def main():
     ap.add_argument("--trace", required=True)
     ap.add_argument("--capacity", required=True, help="N[,N...] trace blocks")
     ap.add_argument("--policy", default="lru,index-online")
-    ap.add_argument("--classes", default="u,l,t,n", help="features of a class, from: " + " ".join(FEATURES))
+    ap.add_argument("--classes", default="u,l,t,n",
+                    help="features of a class, from: " + " ".join(FEATURES))
     ap.add_argument("--samples", type=int, default=64)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--requests", type=int, default=0, help="replay only the first M requests")

@@ -8,12 +8,12 @@
  * class at any block size), the put's turn (1 for a chain started under a hub or from
  * nothing, else the turn of its deepest block with history + 1, up to 5) and how many new
  * blocks the put brought (buckets 4x apart). A hit keeps the put's features (the request that
- * hit is not known when the hit is). Per class and age bucket the policy learns the reuse hazard online: reuses seen at
- * age a over the ticks the class's open events spent at age a (blocks still cached included:
- * counting only finished stays over-weights the short ones), as a base rate by age shared by
- * the classes of one prior-use count times the class's own reuse / expected ratio
- * (proportional hazards: the base has enough data for an age profile, a class needs only its
- * total).
+ * hit is not known when the hit is). Per class and age bucket the policy learns the reuse
+ * hazard online: reuses seen at age a over the ticks the class's open events spent at age a
+ * (blocks still cached included: counting only finished stays over-weights the short ones),
+ * as a base rate by age shared by the classes of one prior-use count times the class's own
+ * reuse / expected ratio (proportional hazards: the base has enough data for an age profile,
+ * a class needs only its total).
  *
  * From the hazard, the index of a class at age a is the most hits per tick of holding that any
  * holding time gives: max over T of P(reused within T) / E[min(time to reuse, T)]. victim()
@@ -130,7 +130,8 @@ static unsigned make_class(unsigned uses, unsigned endb, unsigned turn, unsigned
     return (((uses - 1) * ND + endb) * NT + turn - 1) * NN + newb;
 }
 
-static void set_fields(tkv_policy_entry *e, unsigned cls, unsigned uses, unsigned turn, unsigned newb)
+static void set_fields(tkv_policy_entry *e, unsigned cls, unsigned uses, unsigned turn,
+                       unsigned newb)
 {
     uses = uses > NU ? NU : uses;
     turn = turn > NT ? NT : turn;
@@ -501,25 +502,27 @@ static bool hazard_admit(void *state, const tkv_policy_entry *e, uint64_t now_ns
         bool verdict = true;
         if (st->count >= st->capacity) {
             double mine = 0, theirs;
-            for (unsigned b = 0; b < NN; b++)
-                mine = fmax(mine, index_at(st, make_class(uses, ND - 1, st->admit_turn, b), st->tick));
+            for (unsigned b = 0; b < NN; b++) {
+                unsigned c = make_class(uses, ND - 1, st->admit_turn, b);
+                mine = fmax(mine, index_at(st, c, st->tick));
+            }
             verdict = !sample_victim(st, &theirs) || mine >= theirs;
         }
         st->admit_valid = true;
         st->admit_now = now_ns;
         st->admit_verdict = verdict;
     }
-    if (!st->admit_verdict && e->key_fp) {
-        /* a refused block is a use too, and a tick of the tier's turnover: with no inserts
-         * and no hits the clock would stop and the verdict could never change */
+    if (!st->admit_verdict) {
+        /* a refused block is a tick of the tier's turnover (with no inserts and no hits the
+         * clock would stop and the verdict could never change), and a use, remembered */
         advance(st);
-        if (st->nrefused == st->refused_cap) {
-            st->refused_cap = st->refused_cap ? 2 * st->refused_cap : 64;
-            st->refused_fp = tkv_xrealloc(st->refused_fp, st->refused_cap * sizeof(uint64_t));
+        if (e->key_fp) {
+            if (st->nrefused == st->refused_cap) {
+                st->refused_cap = st->refused_cap ? 2 * st->refused_cap : 64;
+                st->refused_fp = tkv_xrealloc(st->refused_fp, st->refused_cap * sizeof(uint64_t));
+            }
+            st->refused_fp[st->nrefused++] = e->key_fp;
         }
-        st->refused_fp[st->nrefused++] = e->key_fp;
-    } else if (!st->admit_verdict) {
-        advance(st);
     }
     return st->admit_verdict;
 }
@@ -538,24 +541,22 @@ static void hazard_inserted(void *state, tkv_policy_entry *e, uint64_t now_ns)
     e->p_u64[0] = st->tick;
     e->p_u64[1] = F_PENDING;
     e->prev = e->next = NULL;
-    unsigned uses = 1, own_turn;
+    unsigned uses = 1;
     uint64_t meta = ghost_take(st, e->key_fp);
     if (meta) { /* it was here, or was refused: looked up again */
         ev_end(st, meta_class(meta), meta_start(st, meta), true);
         uses = meta_uses(meta) + 1;
-        own_turn = meta_turn(meta);
-        st->run_hist_turn = (int)own_turn;
+        st->run_hist_turn = (int)meta_turn(meta);
         e->p_u64[1] |= F_HIST;
     } else {
         st->run_new++;
-        own_turn = put_turn(st, st->run_parent);
     }
     st->run_last = e;
     st->run_len++;
-    /* provisional class until the put ends */
-    unsigned newb = new_bucket(st->run_new);
-    unsigned c = make_class(uses, ND - 1, put_turn(st, st->run_parent), newb);
-    set_fields(e, c, uses, own_turn, newb);
+    /* a provisional class until the put ends; a block with history keeps its own turn */
+    unsigned turn = put_turn(st, st->run_parent), newb = new_bucket(st->run_new);
+    unsigned c = make_class(uses, ND - 1, turn, newb);
+    set_fields(e, c, uses, meta ? meta_turn(meta) : turn, newb);
     ev_start(st, c, st->tick);
     st->count++;
     place(st, e);
