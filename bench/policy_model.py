@@ -183,13 +183,13 @@ def true_table(reqs, classes, keys, width=8, nb=1200):
     return cls, table, width, nb
 
 
-def replay(reqs, capacity, policy, keys, samples, seed=1, hit_context="request"):
+def replay(reqs, capacity, policy, keys, samples, seed=1):
     rnd = random.Random(seed)
     classes = Classes()
     if policy == "index-true":
         true_cls, table, width, nb = true_table(reqs, classes, keys)
     learner = Learner(capacity, classes, keys) if policy == "index-online" else None
-    cached = {}  # block -> [start tick, request, class, children, parent, uses, turn, new]
+    cached = {}  # block -> [start tick, request, class, children, parent, uses, turn]
     # departed or refused blocks: block -> (start tick, class, uses, turn)
     ghost = collections.OrderedDict()
     tails, tpos, heap = [], {}, []
@@ -280,10 +280,7 @@ def replay(reqs, capacity, policy, keys, samples, seed=1, hit_context="request")
 
         for j in range(k):
             e = cached[h[j]]
-            if hit_context == "put":  # classed by the put that inserted it, not this request
-                touch(e, classes.id(class_key(e[5] + 1, 0, e[6], e[7], keys)) if learner else 0, i)
-            else:
-                touch(e, cls_of(j, e[5] + 1), i)
+            touch(e, cls_of(j, e[5] + 1), i)
             if h[j] in tpos:
                 heapq.heappush(heap, (e[0], h[j]))
         pinned = set(h[:k])
@@ -332,7 +329,7 @@ def replay(reqs, capacity, policy, keys, samples, seed=1, hit_context="request")
                 cached[p][3] += 1
                 if p in tpos:
                     drop_tail(p)
-            cached[b] = [tick, i, c, 0, p, uses, bturn, new if learner else 0]
+            cached[b] = [tick, i, c, 0, p, uses, bturn]
             add_tail(b)
             pinned.add(b)
     return hits, total

@@ -231,19 +231,18 @@ static void advance(hazard_state *st)
 {
     st->tick++;
     if (st->tick % st->bucket_ticks == 0) {
+        /* the events that started in this slot reach the last age bucket as the next begins */
+        uint64_t slot = (st->cur + 2) % NB_AGE;
         for (unsigned c = 0; c < NCLASS; c++) {
-            if (!st->active[c])
+            if (!st->active[c]) /* never had an open event */
                 continue;
             for (unsigned a = 0; a < NB_AGE - 1; a++)
                 st->expo[c][a] += st->open[c][(st->cur - a) % NB_AGE];
             st->expo[c][NB_AGE - 1] += st->old_open[c];
-        }
-        st->cur++;
-        uint64_t slot = (st->cur + 1) % NB_AGE; /* started NB_AGE - 1 buckets ago */
-        for (unsigned c = 0; c < NCLASS; c++) {
             st->old_open[c] += st->open[c][slot];
             st->open[c][slot] = 0;
         }
+        st->cur++;
     }
     if (st->tick % st->learn_ticks == 0)
         learn(st);

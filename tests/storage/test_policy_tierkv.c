@@ -752,10 +752,10 @@ END_TEST
 START_TEST(hazard_turns)
 {
     double late_plain = 0;
+    double late_lru = turns_hit_rate(&tkv_policy_lru, 100, 600, false);
+    double early_lru = turns_hit_rate(&tkv_policy_lru, 1, 100, false);
     for (int keys = 0; keys <= 1; keys++) {
-        double late_lru = turns_hit_rate(&tkv_policy_lru, 100, 600, false);
         double late = turns_hit_rate(&tkv_policy_hazard, 100, 600, keys);
-        double early_lru = turns_hit_rate(&tkv_policy_lru, 1, 100, false);
         double early = turns_hit_rate(&tkv_policy_hazard, 1, 100, keys);
         fprintf(stderr, "hazard (keys %d): late second turns lru %.2f%%, hazard %.2f%%; early "
                 "lru %.2f%%, hazard %.2f%%\n", keys, 100 * late_lru, 100 * late,
