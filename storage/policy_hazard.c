@@ -320,8 +320,7 @@ static void ghost_put(hazard_state *st, uint64_t fp, uint64_t start, unsigned c,
         return;
     }
     if (!st->ghost) {
-        uint64_t n = (uint64_t)((double)st->capacity * kGhostPerCapacity) / GHOST_WAYS;
-        st->ghost_sets = n ? n : 1;
+        st->ghost_sets = tkv_policy_ghost_sets(st->capacity, kGhostPerCapacity, GHOST_WAYS);
         st->ghost = tkv_xcalloc(st->ghost_sets * GHOST_WAYS * 2, sizeof(uint64_t));
     }
     uint64_t old = ghost_take(st, fp);

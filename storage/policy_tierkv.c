@@ -495,8 +495,7 @@ static void ghost_remember(tierkv_state *st, uint64_t fp, uint64_t hits)
     if (!fp)
         return;
     if (!st->ghost) {
-        uint64_t entries = (uint64_t)((double)st->capacity * kGhostPerCapacity);
-        st->ghost_sets = entries / GHOST_WAYS ? entries / GHOST_WAYS : 1;
+        st->ghost_sets = tkv_policy_ghost_sets(st->capacity, kGhostPerCapacity, GHOST_WAYS);
         st->ghost = tkv_xcalloc(st->ghost_sets * GHOST_WAYS, sizeof(uint64_t));
     }
     uint64_t old = ghost_find(st, fp, true);

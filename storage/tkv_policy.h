@@ -74,6 +74,18 @@ static inline void tkv_plist_push_hot(tkv_policy_entry *head, tkv_policy_entry *
     head->next = e;
 }
 
+/* Sets of `ways` entries for a ghost history of per_block entries per block of a tier of
+ * `capacity` blocks: at least 1, and at most 2^24 entries in all, so that an unlimited tier
+ * (an L3 without a byte limit has capacity UINT64_MAX) gets a bounded table instead of an
+ * allocation of its capacity's size (and no out-of-range float conversion). */
+static inline uint64_t tkv_policy_ghost_sets(uint64_t capacity, double per_block, unsigned ways)
+{
+    const double max_entries = (double)(1u << 24);
+    double entries = (double)capacity * per_block;
+    uint64_t sets = (uint64_t)(entries < max_entries ? entries : max_entries) / ways;
+    return sets ? sets : 1;
+}
+
 /* Registered policies by name ("lru", "tierkv", "hazard"); NULL if unknown. */
 const tkv_policy_ops *tkv_policy_find(const char *name);
 /* NULL-terminated list of registered policies (for --help and tests). */

@@ -260,6 +260,25 @@ START_TEST(contract_capacity)
 }
 END_TEST
 
+/* An unlimited tier (an L3 without a byte limit: capacity UINT64_MAX) takes blocks and lets
+ * them go, fingerprints and all: no policy sizes a table by that capacity (the ghost
+ * histories are bounded, tkv_policy_ghost_sets). */
+START_TEST(contract_unlimited_tier)
+{
+    const tkv_policy_ops *ops = tkv_policy_all()[_i];
+    harness *h = h_new(ops, 200, UINT64_MAX, 5);
+    for (int i = 0; i < h->n; i++)
+        h_insert(h, i);
+    int v;
+    while ((v = checked_victim(h)) >= 0)
+        h_remove(h, v);
+    ck_assert_uint_eq(h->count, 0);
+    for (int i = 0; i < h->n; i += 2) /* back from the ghost history */
+        h_insert(h, i);
+    h_free(h);
+}
+END_TEST
+
 START_TEST(lru_order)
 {
     harness *h = h_new(&tkv_policy_lru, 6, 100, 1);
@@ -303,6 +322,7 @@ int main(void)
     tcase_add_loop_test(tc, contract_drain_with_pins, 0, np);
     tcase_add_loop_test(tc, contract_all_pinned_gives_null, 0, np);
     tcase_add_loop_test(tc, contract_capacity, 0, np);
+    tcase_add_loop_test(tc, contract_unlimited_tier, 0, np);
     tcase_add_test(tc, lru_order);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
