@@ -7,18 +7,21 @@
  * from the put's end (floor(log2(d + 1)), 4 buckets: the dead partial block of a prompt is a
  * class at any block size), the put's turn (1 for a chain started under a hub or from
  * nothing, else the turn of its deepest block with history + 1, up to 5) and how many new
- * blocks the put brought (buckets 4x apart). A hit keeps the put's features (the request that
- * hit is not known when the hit is). Per class and age bucket the policy learns the reuse
- * hazard online: reuses seen at age a over the ticks the class's open events spent at age a
- * (blocks still cached included: counting only finished stays over-weights the short ones),
- * as a base rate by age shared by the classes of one prior-use count times the class's own
- * reuse / expected ratio (proportional hazards: the base has enough data for an age profile,
- * a class needs only its total).
+ * blocks the put brought (buckets 4x apart). A hit is classed by the request that hit it: the
+ * put that continues the lookup gives its turn and new blocks when it ends (a lookup no put
+ * continues leaves its hits with the features of the put that inserted them). Per class and
+ * age bucket the policy learns the reuse hazard online: reuses seen at age a over the ticks
+ * the class's open events spent at age a (blocks still cached included: counting only
+ * finished stays over-weights the short ones), as a base rate by age shared by the classes
+ * of one prior-use count times the class's own reuse / expected ratio (proportional hazards:
+ * the base has enough data for an age profile, a class needs only its total).
  *
  * From the hazard, the index of a class at age a is the most hits per tick of holding that any
  * holding time gives: max over T of P(reused within T) / E[min(time to reuse, T)]. victim()
- * returns the lowest index among kSamples random unpinned tails; admit() refuses a put whose
- * first block's index at age 0 is below that of the block it would evict. docs/design.md.
+ * returns the lowest index among kSamples random unpinned tails, or the last victim's parent
+ * where the same request used it just before and it is of the same class and worth no more
+ * (a put's suffix goes in one piece, not a block from each of many puts); admit() refuses a put whose first block's
+ * index at age 0 is below that of the block it would evict. docs/design.md.
  *
  * The ghost history remembers blocks that left the tier or were refused (their event stays
  * open there: a block that comes back is a reuse at its age), kGhostPerCapacity entries per
@@ -31,11 +34,13 @@
  * O(1) per call: kSamples array reads per victim; an event's start and end touch two counters;
  * every bucket edge (capacity / 8 ticks) adds one row of exposure per class with open events
  * (NB_AGE steps), every capacity / 16 ticks the indices are rebuilt, NB_AGE steps per class
- * (a convex hull gives each age's best holding time in one backward pass).
+ * (a convex hull gives each age's best holding time in one backward pass). Amortised: a put's
+ * end walks its blocks once, and the hits of the lookup it continues once.
  *
  * Entry fields owned here:
  *   p_u64[0]  tick of the block's last use (its event's start)
  *   p_u64[1]  class | uses << 9 | turn << 12 | new-blocks bucket << 15 | F_HIST | F_PENDING
+ *             | F_HITPEND
  *   p_u64[2]  1 + its index in the tail array, or 0
  * prev/next link it into the INTERIOR or PINNED list when it is not in the tail array.
  */
@@ -67,6 +72,7 @@ enum { NU = 4, ND = 4, NT = 5, NN = 5, NCLASS = NU * ND * NT * NN };
 #define FIELD3 0x7ull
 #define F_HIST (1ull << 18)    /* entered with ghost history: keeps its own turn */
 #define F_PENDING (1ull << 19) /* in the put being inserted: classed when it ends */
+#define F_HITPEND (1ull << 20) /* hit by the latest lookup: classed by the put after it */
 _Static_assert(NCLASS <= 512, "a class is 9 bits");
 
 enum { IN_NONE, IN_INTERIOR, IN_PINNED };
@@ -90,6 +96,14 @@ typedef struct hazard_state {
     tkv_policy_entry *run_last, *run_parent;
     uint64_t run_len, run_new;
     int run_hist_turn;
+    tkv_policy_entry *hit_last; /* the latest lookup's deepest hit (F_HITPEND) block */
+    /* the last victim (compared, never read), then its parent, tick, class and index once it
+     * left */
+    const tkv_policy_entry *victim_last;
+    tkv_policy_entry *victim_parent;
+    uint64_t victim_tick;
+    unsigned victim_class;
+    double victim_index;
     /* ghost: sets of GHOST_WAYS (fingerprint word, meta word) pairs, way 0 newest */
     uint64_t *ghost, ghost_sets;
     /* admit(): the put being judged, its verdict and turn; the fingerprints and prior uses of
@@ -135,8 +149,9 @@ static void set_fields(tkv_policy_entry *e, unsigned cls, unsigned uses, unsigne
 {
     uses = uses > NU ? NU : uses;
     turn = turn > NT ? NT : turn;
-    e->p_u64[1] = (e->p_u64[1] & (F_HIST | F_PENDING)) | cls | (uint64_t)uses << USES_SHIFT |
-                  (uint64_t)turn << TURN_SHIFT | (uint64_t)newb << NEWB_SHIFT;
+    e->p_u64[1] = (e->p_u64[1] & (F_HIST | F_PENDING | F_HITPEND)) | cls |
+                  (uint64_t)uses << USES_SHIFT | (uint64_t)turn << TURN_SHIFT |
+                  (uint64_t)newb << NEWB_SHIFT;
 }
 
 /* ---- learning ----------------------------------------------------------------------------- */
@@ -383,8 +398,32 @@ static unsigned put_turn(const hazard_state *st, const tkv_policy_entry *p)
     return p && !is_hub(p) ? field(p, TURN_SHIFT) + 1 : 1;
 }
 
+/* e's open event moves to class c (its features are known now). */
+static void reclass(hazard_state *st, tkv_policy_entry *e, unsigned c)
+{
+    ev_end(st, cls_of(e), e->p_u64[0], false);
+    ev_start(st, c, e->p_u64[0]);
+}
+
+/* The latest lookup is done with: its hit blocks, from the deepest up, get the turn and new
+ * blocks of the put that continued it (turn > 0), or keep their class (turn == 0). Each hit
+ * is walked once. */
+static void finish_hits(hazard_state *st, unsigned turn, unsigned newb)
+{
+    for (tkv_policy_entry *e = st->hit_last; e && (e->p_u64[1] & F_HITPEND); e = e->parent) {
+        e->p_u64[1] &= ~F_HITPEND;
+        if (!turn)
+            continue;
+        unsigned uses = field(e, USES_SHIFT), c = make_class(uses, ND - 1, turn, newb);
+        reclass(st, e, c);
+        set_fields(e, c, uses, field(e, TURN_SHIFT), field(e, NEWB_SHIFT));
+    }
+    st->hit_last = NULL;
+}
+
 /* The put is complete (a lookup, a block that does not continue it, or its newest block
- * leaving): its blocks get their class, now that its end, turn and new blocks are known. */
+ * leaving): its blocks get their class, now that its end, turn and new blocks are known, and
+ * so do the hits of the lookup it continues. */
 static void finish_run(hazard_state *st)
 {
     tkv_policy_entry *e = st->run_last;
@@ -394,10 +433,11 @@ static void finish_run(hazard_state *st)
             continue;
         e->p_u64[1] &= ~F_PENDING;
         unsigned uses = field(e, USES_SHIFT), c = make_class(uses, end_bucket(i), turn, newb);
-        ev_end(st, cls_of(e), e->p_u64[0], false); /* its open event moves to class c */
-        ev_start(st, c, e->p_u64[0]);
+        reclass(st, e, c);
         set_fields(e, c, uses, (e->p_u64[1] & F_HIST) ? field(e, TURN_SHIFT) : turn, newb);
     }
+    if (st->run_last && st->hit_last)
+        finish_hits(st, st->run_parent == st->hit_last ? turn : 0, newb);
     st->run_last = st->run_parent = NULL;
     st->run_len = st->run_new = 0;
     st->run_hist_turn = -1;
@@ -466,15 +506,31 @@ static uint64_t tie_prio(const hazard_state *st, const tkv_policy_entry *e)
     return e->p_u64[0] + (uint64_t)(field(e, USES_SHIFT) - 1) * (st->capacity / 2);
 }
 
-/* The lowest-index tail among kSamples random ones (ties: tie_prio); NULL if none. */
+/* The last victim's parent, if the same request used it just before (consecutive ticks: one
+ * put, or one lookup), it is an unpinned tail now, of the victim's class, and worth no more
+ * than the victim was: the next block of the same suffix. NULL otherwise. */
+static tkv_policy_entry *continuation(const hazard_state *st, double *index)
+{
+    tkv_policy_entry *p = st->victim_parent;
+    if (!p || !p->p_u64[2] || p->p_u64[0] + 1 != st->victim_tick ||
+        cls_of(p) != st->victim_class)
+        return NULL;
+    *index = index_at(st, cls_of(p), p->p_u64[0]);
+    return *index <= st->victim_index ? p : NULL;
+}
+
+/* The lowest-index tail among the continuation and kSamples random ones (ties: the
+ * continuation, then tie_prio); NULL if none. Evicting a suffix in one piece concentrates the
+ * loss on one request, where spreading it would leave many requests with a part of a block
+ * they reuse as a unit (a client's block larger than the store's) and no use for the rest. */
 static tkv_policy_entry *sample_victim(hazard_state *st, double *index)
 {
-    tkv_policy_entry *best = NULL;
     double bv = HUGE_VAL;
+    tkv_policy_entry *chain = continuation(st, &bv), *best = chain;
     for (int i = 0; i < kSamples && st->ntails; i++) {
         tkv_policy_entry *e = st->tails[next_rand(st) % st->ntails];
         double v = index_at(st, cls_of(e), e->p_u64[0]);
-        if (!best || v < bv || (v == bv && tie_prio(st, e) < tie_prio(st, best))) {
+        if (!best || v < bv || (v == bv && best != chain && tie_prio(st, e) < tie_prio(st, best))) {
             best = e;
             bv = v;
         }
@@ -566,13 +622,17 @@ static void hazard_accessed(void *state, tkv_policy_entry *e, uint64_t now_ns)
     (void)now_ns;
     finish_refused(st);
     finish_run(st); /* a lookup: the put before it is complete */
+    if (st->hit_last && e->parent != st->hit_last)
+        finish_hits(st, 0, 0); /* a new lookup: no put continued the last one */
     ev_end(st, cls_of(e), e->p_u64[0], true);
     advance(st);
-    /* classed by the put that inserted it: the request that hit it is not known here */
+    /* provisionally classed by the put that inserted it, until the put after this lookup */
     unsigned uses = field(e, USES_SHIFT) + 1, turn = field(e, TURN_SHIFT);
     unsigned newb = field(e, NEWB_SHIFT), c = make_class(uses, ND - 1, turn, newb);
     set_fields(e, c, uses, turn, newb);
     e->p_u64[0] = st->tick;
+    e->p_u64[1] |= F_HITPEND;
+    st->hit_last = e;
     ev_start(st, c, st->tick);
 }
 
@@ -583,6 +643,16 @@ static void hazard_removed(void *state, tkv_policy_entry *e)
         finish_run(st);
     if (e == st->run_parent)
         st->run_parent = NULL;
+    if (e->p_u64[1] & F_HITPEND)
+        finish_hits(st, 0, 0);
+    if (e == st->victim_parent)
+        st->victim_parent = NULL;
+    if (e == st->victim_last) {
+        st->victim_parent = e->parent;
+        st->victim_tick = e->p_u64[0];
+        st->victim_class = cls_of(e);
+        st->victim_last = NULL;
+    }
     unplace(st, e);
     st->count--;
     /* its event stays open in the ghost history */
@@ -600,6 +670,8 @@ static tkv_policy_entry *hazard_victim(void *state)
     hazard_state *st = state;
     double v;
     tkv_policy_entry *e = sample_victim(st, &v);
+    st->victim_last = e;
+    st->victim_index = v;
     if (e)
         return e;
     tkv_policy_entry *head = &st->lists[IN_INTERIOR];

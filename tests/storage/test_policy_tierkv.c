@@ -729,8 +729,8 @@ END_TEST
  * ========================================================================================== */
 
 /* Rule 4's workload: the policy learns that a put's last block is never reused (its class:
- * distance 0 from the end) and evicts those first. Measured: lru 1.00, hazard 0.01 of waiting
- * first turns keep their dead end; hits 20,691 and 124,698. */
+ * distance 0 from the end) and evicts those first. Measured: lru 1.00, hazard 0.02 of waiting
+ * first turns keep their dead end; hits 20,691 and 126,442. */
 START_TEST(hazard_strips_put_ends)
 {
     uint64_t lru_hits, hz_hits;
@@ -747,7 +747,7 @@ END_TEST
 
 /* Rule 3's workloads: late second turns (beyond LRU's horizon) are held, because old first
  * turns are learned to be worth more than newcomers; early ones are not turned away.
- * Measured (without, with keys): late lru 0.19%, hazard 4.60%, 8.83%; early lru 24.96%,
+ * Measured (without, with keys): late lru 0.19%, hazard 4.37%, 8.97%; early lru 24.96%,
  * hazard 24.97%, 24.97%. */
 START_TEST(hazard_turns)
 {
@@ -774,8 +774,8 @@ END_TEST
 
 /* Rule 5's workload: with keys, a turn whose previous turn left the tier is a reuse, learned
  * as such; where gaps exceed the horizon that is what holds conversations. Measured (lru,
- * hazard, with keys): 50..150 6.06, 21.61, 22.88; 100..300 0.21, 9.56, 11.59; 100..600 0.20,
- * 2.77, 6.06; 300..900 0.07, 0.06, 2.70; 1..100 30.88, 36.00, 38.09. */
+ * hazard, with keys): 50..150 6.06, 21.60, 22.76; 100..300 0.21, 9.64, 11.47; 100..600 0.20,
+ * 2.87, 6.06; 300..900 0.07, 0.07, 2.83; 1..100 30.88, 35.76, 38.21. */
 START_TEST(hazard_conversations)
 {
     static const int gaps[][3] = {/* lo, hi, keys must gain */
@@ -795,7 +795,7 @@ START_TEST(hazard_conversations)
 }
 END_TEST
 
-/* Measured: lru 3.09%, hazard 4.59% (tierkv 4.42%). */
+/* Measured: lru 3.09%, hazard 4.39% (tierkv 4.42%). */
 START_TEST(hazard_beats_lru_on_synthetic)
 {
     double lru = synthetic_hit_rate(&tkv_policy_lru);
