@@ -1,6 +1,6 @@
 /* trace_replay - replays a Mooncake-format trace through the cache and reports prefix hit rates.
  *
- *   trace_replay --trace FILE --capacity N[,N...] [--policy lru,tierkv,oracle] [--json]
+ *   trace_replay --trace FILE --capacity N[,N...] [--policy lru,tierkv,hazard,oracle] [--json]
  *                [--block-tokens P] [--fast] [--speedup X] [--requests M]
  *
  * Trace format (JSONL, one request a line): {"timestamp": ms, "input_length": tokens,
@@ -1007,7 +1007,8 @@ static void usage(FILE *f)
             "  --policy     any of: oracle");
     for (const tkv_policy_ops *const *p = tkv_policy_all(); *p; p++)
         fprintf(f, ", %s", (*p)->name);
-    fprintf(f, " (default: lru,tierkv,oracle)\n"
+    fprintf(f, " (default: lru,tierkv,hazard,oracle;\n"
+               "               hazard is the store's default)\n"
                "  --fast       drive the policies directly (512/P entries per trace block) instead\n"
                "               of through the storage engine (the store's calls and key\n"
                "               fingerprints, no payloads)\n"
@@ -1036,7 +1037,7 @@ static int parse_u64_arg(const char *s, uint64_t *out)
 
 int main(int argc, char **argv)
 {
-    const char *trace_path = NULL, *policies = "lru,tierkv,oracle", *daemon_socket = NULL;
+    const char *trace_path = NULL, *policies = "lru,tierkv,hazard,oracle", *daemon_socket = NULL;
     const char *caps_arg = NULL;
     bool json = false, fast = false;
     uint64_t block_tokens = 128, max_reqs = 0;

@@ -70,7 +70,7 @@ static const key_def kKeys[] = {
      "L3 I/O: auto (io_uring, else pread/pwrite), uring, psync (default auto)"},
     {"write_through", K_BOOL, OFF(write_through), 0, 1, NULL,
      "write every stored block down to L3 (default on)"},
-    {"policy", K_STR, OFF(policy), 1, 63, NULL, "eviction policy: tierkv or lru (default tierkv)"},
+    {"policy", K_STR, OFF(policy), 1, 63, NULL, "eviction policy: hazard, tierkv or lru (default hazard)"},
     {"store_workers", K_U32, OFF(store_workers), 1, 64, NULL, "store worker threads (default 4)"},
     {"lease_ttl_ms", K_U32, OFF(lease_ttl_ms), 1, 86400000, NULL,
      "default lease time-to-live (default 30000)"},
@@ -246,7 +246,7 @@ void tkvd_config_init(tkvd_config *c)
     c->zstd_level = 1;
     c->io_mode = TKV_IO_AUTO;
     c->write_through = true;
-    c->policy = tkv_xstrdup("tierkv");
+    c->policy = tkv_xstrdup("hazard");
     c->store_workers = 4;
     c->lease_ttl_ms = 30000;
     c->lease_ttl_max_ms = 600000;

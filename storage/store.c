@@ -721,7 +721,7 @@ int tkv_store_open(const tkv_store_opts *o, tkv_store **out)
     }
     const tkv_policy_ops *ops = o->policy ? tkv_policy_find(o->policy) : NULL;
     if (!ops)
-        ops = tkv_policy_find("tierkv");
+        ops = tkv_policy_find("hazard");
     if (!ops)
         ops = &tkv_policy_lru;
 

@@ -46,7 +46,7 @@ int tkv_store_opts_set_l3(tkv_store_opts *o, const char *dir, uint64_t capacity_
 int tkv_store_opts_set_l3_zstd_level(tkv_store_opts *o, int level);        /* default 1 */
 int tkv_store_opts_set_l3_io_mode(tkv_store_opts *o, int mode);            /* TKV_IO_* */
 int tkv_store_opts_set_write_through(tkv_store_opts *o, bool on);          /* default true */
-int tkv_store_opts_set_policy(tkv_store_opts *o, const char *name);        /* default "tierkv" */
+int tkv_store_opts_set_policy(tkv_store_opts *o, const char *name);        /* default "hazard" */
 int tkv_store_opts_set_workers(tkv_store_opts *o, unsigned n);             /* default 4 */
 int tkv_store_opts_set_lease_ttl_ms(tkv_store_opts *o, uint32_t dflt, uint32_t max);
 

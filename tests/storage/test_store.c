@@ -201,7 +201,7 @@ START_TEST(options_are_validated)
     ck_assert_int_eq(tkv_store_open(o, &s), TKV_EINVAL);
     ck_assert_int_eq(tkv_store_opts_set_fingerprint(o, g_fp), TKV_OK);
     ck_assert_int_eq(tkv_store_opts_set_l2_blocks(o, 16), TKV_OK);
-    ck_assert_int_eq(tkv_store_open(o, &s), TKV_OK); /* default policy: "tierkv" if registered */
+    ck_assert_int_eq(tkv_store_open(o, &s), TKV_OK); /* default policy: "hazard" if registered */
     ck_assert_uint_eq(tkv_store_block_bytes(s), BLK);
     ck_assert_uint_eq(tkv_store_block_tokens(s), TOK);
     ck_assert_uint_eq(tkv_store_l2_bytes(s), 16u * 12288);
