@@ -20,8 +20,9 @@
  * holding time gives: max over T of P(reused within T) / E[min(time to reuse, T)]. victim()
  * returns the lowest index among kSamples random unpinned tails, or the last victim's parent
  * where the same request used it just before and it is of the same class and worth no more
- * (a put's suffix goes in one piece, not a block from each of many puts); admit() refuses a put whose first block's
- * index at age 0 is below that of the block it would evict. docs/design.md.
+ * (a put's suffix goes in one piece, not a block from each of many puts); admit() refuses a
+ * put whose first block's index at age 0 is below that of the block it would evict.
+ * docs/design.md.
  *
  * The ghost history remembers blocks that left the tier or were refused (their event stays
  * open there: a block that comes back is a reuse at its age), kGhostPerCapacity entries per

@@ -191,6 +191,7 @@ START_TEST(flags_override_the_file)
     ck_assert_msg(strstr(r.out, "data_dir = \"/srv/from-file\"\n"), "%s", r.out);
     ck_assert_msg(strstr(r.out, "l3_dir = \"/srv/from-file/l3\"\n"), "%s", r.out);
     ck_assert_msg(strstr(r.out, "l2_bytes = 67108864\n"), "%s", r.out);
+    ck_assert_msg(strstr(r.out, "policy = \"hazard\"\n"), "the default policy: %s", r.out);
     /* 2 layers x K,V x 64 tokens x 2 heads x 64 dims of fp8 = 32 KiB (+ no in-page scales
      * for per-tensor scaling): 64 MiB hold 2048 blocks. */
     ck_assert_msg(strstr(r.out, "l2 = 2048 blocks"), "%s", r.out);
