@@ -98,9 +98,7 @@ typedef struct hazard_state {
     uint64_t run_len, run_new;
     int run_hist_turn;
     tkv_policy_entry *hit_last; /* the latest lookup's deepest hit (F_HITPEND) block */
-    /* the last victim (compared, never read), then its parent, tick, class and index once it
-     * left */
-    const tkv_policy_entry *victim_last;
+    /* the last victim's parent, tick, class and index */
     tkv_policy_entry *victim_parent;
     uint64_t victim_tick;
     unsigned victim_class;
@@ -648,12 +646,6 @@ static void hazard_removed(void *state, tkv_policy_entry *e)
         finish_hits(st, 0, 0);
     if (e == st->victim_parent)
         st->victim_parent = NULL;
-    if (e == st->victim_last) {
-        st->victim_parent = e->parent;
-        st->victim_tick = e->p_u64[0];
-        st->victim_class = cls_of(e);
-        st->victim_last = NULL;
-    }
     unplace(st, e);
     st->count--;
     /* its event stays open in the ghost history */
@@ -671,10 +663,13 @@ static tkv_policy_entry *hazard_victim(void *state)
     hazard_state *st = state;
     double v;
     tkv_policy_entry *e = sample_victim(st, &v);
-    st->victim_last = e;
-    st->victim_index = v;
-    if (e)
+    if (e) {
+        st->victim_parent = e->parent;
+        st->victim_tick = e->p_u64[0];
+        st->victim_class = cls_of(e);
+        st->victim_index = v;
         return e;
+    }
     tkv_policy_entry *head = &st->lists[IN_INTERIOR];
     return head->prev != head ? head->prev : NULL;
 }
