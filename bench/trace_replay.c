@@ -591,10 +591,19 @@ static int run_sim(const trace *t, const tkv_policy_ops *ops, uint64_t trace_cap
                 admitted[j - off] = 1;
                 want++;
             }
+            /* as in the store, the block the chunk hangs under is pinned while room is made
+             * (the first chunk's, the request's last hit, is pinned already) */
+            sim_node *cp = off > hit ? &nodes[nd[off - 1]] : NULL;
+            if (cp && cp->present) {
+                cp->pe.pinned++;
+                ops->changed(st, &cp->pe);
+            } else {
+                cp = NULL;
+            }
             while (used + want > capacity) {
                 tkv_policy_entry *v = ops->victim(st);
-                /* NULL: all pinned. An interior victim would orphan cached children, which
-                 * this manager does not track; the chunk inserts fewer blocks instead. */
+                /* NULL: all pinned. An interior victim is not taken, as the store without L3
+                 * does not take one for a put: the chunk inserts fewer blocks instead. */
                 if (!v || v->num_children) {
                     want = (uint32_t)(capacity - used);
                     break;
@@ -607,6 +616,10 @@ static int run_sim(const trace *t, const tkv_policy_ops *ops, uint64_t trace_cap
                 res->evictions++;
                 if (v->parent && --v->parent->num_children == 0)
                     ops->changed(st, v->parent);
+            }
+            if (cp) {
+                cp->pe.pinned--;
+                ops->changed(st, &cp->pe);
             }
             for (uint32_t j = off; j < end && want > 0; j++) {
                 sim_node *n = &nodes[nd[j]];

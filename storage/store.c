@@ -521,10 +521,11 @@ enum { RESERVE_WAIT = 1 };
 
 /* Takes up to `want` free L2 slots into slots[], evicting unpinned victims: durable ones (or
  * any when L3 cannot take them) leave L2 now; the others are queued for demotion and leave
- * once durable. *got = slots taken. Returns TKV_OK when all were taken, RESERVE_WAIT when
- * demotions are pending (the caller drops the locks, helps write back, retries), else
- * TKV_EFULL. */
-static int l2_reserve(tkv_store *s, size_t want, uint64_t *slots, size_t *got)
+ * once durable. tails_only: stop at a victim with cached children instead of evicting it
+ * (the policy offers one only when no unpinned tail is left). *got = slots taken. Returns
+ * TKV_OK when all were taken, RESERVE_WAIT when demotions are pending (the caller drops the
+ * locks, helps write back, retries), else TKV_EFULL. */
+static int l2_reserve(tkv_store *s, size_t want, bool tails_only, uint64_t *slots, size_t *got)
 {
     tier *T = &s->tiers[TKV_TIER_L2];
     *got = 0;
@@ -539,7 +540,7 @@ static int l2_reserve(tkv_store *s, size_t want, uint64_t *slots, size_t *got)
         if (*got == want)
             return TKV_OK;
         tkv_policy_entry *v = T->ops->victim(T->pstate);
-        if (!v)
+        if (!v || (tails_only && v->num_children))
             break;
         tkv_entry *e = entry_of_pe(v, TKV_TIER_L2);
         TKV_ASSERT(e->pins == 0 && (e->resident & RES(TKV_TIER_L2)));
@@ -572,11 +573,12 @@ static void help_writeback(tkv_store *s)
 }
 
 /* idx_lock (write) + mu held, and held again on return: takes `want` slots of tier t (L1 or
- * L2) into slots[]. When only pending demotions stand in the way, drops the locks, helps the
- * write-back along and retries, until RESERVE_DEADLINE_NS. *got = slots taken (the first of
- * slots[]). TKV_OK when all were taken, TKV_ECLOSED when the store is closing, else
- * TKV_EFULL. */
-static int reserve_slots(tkv_store *s, int t, size_t want, uint64_t *slots, size_t *got)
+ * L2) into slots[] (L2: tails_only as in l2_reserve). When only pending demotions stand in
+ * the way, drops the locks, helps the write-back along and retries, until
+ * RESERVE_DEADLINE_NS. *got = slots taken (the first of slots[]). TKV_OK when all were taken,
+ * TKV_ECLOSED when the store is closing, else TKV_EFULL. */
+static int reserve_slots(tkv_store *s, int t, size_t want, bool tails_only, uint64_t *slots,
+                         size_t *got)
 {
     uint64_t deadline = tkv_now_ns() + RESERVE_DEADLINE_NS;
     *got = 0;
@@ -585,7 +587,7 @@ static int reserve_slots(tkv_store *s, int t, size_t want, uint64_t *slots, size
             return TKV_ECLOSED;
         size_t more = 0;
         int rc = t == TKV_TIER_L1 ? l1_reserve(s, want - *got, slots + *got, &more)
-                                  : l2_reserve(s, want - *got, slots + *got, &more);
+                                  : l2_reserve(s, want - *got, tails_only, slots + *got, &more);
         *got += more;
         if (rc == TKV_OK)
             return TKV_OK;
@@ -1182,8 +1184,19 @@ static int put_chunk(tkv_store *s, const tkv_key *parent, const tkv_key *keys,
         idx[m] = i;
         m++;
     }
-    /* While demotions make room, our WRITING entries keep claiming their keys. */
-    reserve_slots(s, TKV_TIER_L2, m, slots, &got);
+    /* While demotions make room, our WRITING entries keep claiming their keys. The room is
+     * not taken from the chain the chunk hangs under, nor (where evicted blocks are dropped,
+     * not demoted) from the middle of any chain: either would leave cached blocks under a
+     * gap, where no lookup reaches them. So the block the chunk hangs under is pinned, and
+     * without a writable L3 only tails are evicted; the chunk stores the prefix that fits. */
+    tkv_entry *under = m ? tkv_index_find(s->ix, parent ? parent : &zero_key) : NULL;
+    if (under && !(under->resident & RES(TKV_TIER_L2)))
+        under = NULL;
+    if (under)
+        entry_pin(s, under);
+    reserve_slots(s, TKV_TIER_L2, m, !l3_writable(s), slots, &got);
+    if (under)
+        entry_unpin(s, under);
     rc = TKV_OK;
     /* Blocks that found no slot are not stored (the prefix of the chunk is kept). */
     for (size_t j = got; j < m; j++) {
@@ -1297,7 +1310,7 @@ int tkv_store_alloc_tier(tkv_store *s, int tier_id, size_t n, uint64_t owner,
     size_t got = 0;
     wr_lock(s);
     lock(s);
-    int rc = reserve_slots(s, tier_id, n, slots, &got);
+    int rc = reserve_slots(s, tier_id, n, false, slots, &got);
     if (rc == TKV_OK) {
         alloc_rec *a = tkv_xcalloc(1, sizeof(*a));
         a->id = s->next_alloc_id++;
@@ -1363,7 +1376,7 @@ static size_t l1_copy_down(tkv_store *s, const uint64_t *l1slots, size_t n, uint
     size_t got = 0;
     wr_lock(s);
     lock(s);
-    reserve_slots(s, TKV_TIER_L2, n, slots, &got); /* a prefix is enough */
+    reserve_slots(s, TKV_TIER_L2, n, false, slots, &got); /* a prefix is enough */
     unlock(s);
     idx_unlock(s);
     if (got) {
@@ -1847,7 +1860,7 @@ static void run_prefetch(tkv_store *s, prefetch_job *j)
     if (n) {
         wr_lock(s);
         lock(s);
-        reserve_slots(s, TKV_TIER_L2, n, slots, &got); /* blocks without a slot fail EFULL */
+        reserve_slots(s, TKV_TIER_L2, n, false, slots, &got); /* blocks without a slot fail EFULL */
         unlock(s);
         idx_unlock(s);
     }

@@ -103,8 +103,8 @@ static tkv_store *open_store(uint64_t l2_blocks, bool l3, bool write_through, ui
     return s;
 }
 
-/* Puts blocks [0, n) of chain c; returns how many were newly stored. */
-static size_t put_chain(tkv_store *s, uint32_t c, uint32_t n)
+/* Puts blocks [0, n) of chain c; *stored = how many were newly stored. */
+static int put_chain_rc(tkv_store *s, uint32_t c, uint32_t n, size_t *stored)
 {
     tkv_key keys[MAXB];
     uint32_t tokens[MAXB * TOK];
@@ -116,8 +116,14 @@ static size_t put_chain(tkv_store *s, uint32_t c, uint32_t n)
         fill(bufs[i], c, i);
         payloads[i] = bufs[i];
     }
+    return tkv_store_put(s, NULL, keys, tokens, payloads, n, stored);
+}
+
+/* Puts blocks [0, n) of chain c, which must succeed; returns how many were newly stored. */
+static size_t put_chain(tkv_store *s, uint32_t c, uint32_t n)
+{
     size_t stored = 0;
-    int rc = tkv_store_put(s, NULL, keys, tokens, payloads, n, &stored);
+    int rc = put_chain_rc(s, c, n, &stored);
     ck_assert_msg(rc == TKV_OK, "put: %s", tkv_strerror(rc));
     return stored;
 }
@@ -451,6 +457,32 @@ START_TEST(eviction_never_drops_pinned_and_goes_tails_first)
     ck_assert_int_eq(tkv_store_put(s, NULL, k1, tokens, pl, 1, &stored), TKV_EFULL);
     ck_assert_uint_eq(stored, 0);
     tkv_store_close(s); /* with the allocation outstanding: freed by close */
+}
+END_TEST
+
+/* A put longer than L2 streams through it in chunks (a quarter of L2 each). Room for a chunk
+ * is never made by evicting the block it hangs under (the only tail left here), nor, without
+ * L3, by cutting a chain in its middle: the put keeps the prefix that fits, all of it
+ * reachable, and says the rest found no room. */
+START_TEST(put_longer_than_l2_keeps_a_reachable_prefix)
+{
+    tkv_store *s = open_store(8, false, false, 0);
+    size_t stored = 99;
+    ck_assert_int_eq(put_chain_rc(s, 1, 16, &stored), TKV_EFULL);
+    ck_assert_uint_eq(stored, 8);
+    assert_l2_prefix_closed(s);
+    uint64_t lease;
+    ck_assert_uint_eq(lookup_chain(s, 1, 16, 1, 0, &lease, NULL), 8);
+    tkv_store_lease_release(s, lease);
+    /* another chain takes its room from the first one's tail */
+    ck_assert_uint_eq(put_chain(s, 2, 4), 4);
+    assert_l2_prefix_closed(s);
+    ck_assert_uint_eq(lookup_chain(s, 1, 16, 1, 0, &lease, NULL), 4);
+    tkv_store_lease_release(s, lease);
+    tkv_store_stats st;
+    tkv_store_get_stats(s, &st);
+    ck_assert_uint_eq(st.blocks_tier[TKV_TIER_L2], 8);
+    tkv_store_close(s);
 }
 END_TEST
 
@@ -947,6 +979,7 @@ int main(void)
     tcase_add_test(tc, leases_ttl_touch_owner);
     tcase_add_test(tc, alloc_write_commit_abort);
     tcase_add_test(tc, eviction_never_drops_pinned_and_goes_tails_first);
+    tcase_add_test(tc, put_longer_than_l2_keeps_a_reachable_prefix);
     tcase_add_test(tc, write_through_survives_reopen);
     tcase_add_test(tc, prefetch_from_l3_many_at_once);
     tcase_add_test(tc, demotion_on_eviction_without_write_through);
