@@ -551,9 +551,9 @@ static int run_sim(const trace *t, const tkv_policy_ops *ops, uint64_t trace_cap
             hit++;
         for (uint32_t j = 0; j < hit; j++) {
             sim_node *n = &nodes[nd[j]];
-            ops->accessed(st, &n->pe, now);
-            n->pe.pinned++;
+            n->pe.pinned++; /* the store's order: the lease pins it, then the policy sees the hit */
             ops->changed(st, &n->pe);
+            ops->accessed(st, &n->pe, now);
         }
         account(res, r, hit / per);
         res->hit_blocks_tier[TKV_TIER_L2] += hit / per;
@@ -579,21 +579,24 @@ static int run_sim(const trace *t, const tkv_policy_ops *ops, uint64_t trace_cap
                  * depth is known where the parent is indexed (cached, or admitted just
                  * before in this chunk), else 0 */
                 int64_t ip = sim_parent(t, nd[j], per);
+                bool indexed = ip >= 0 && (nodes[ip].present || (j > off && admitted[j - 1 - off]));
                 n->pe = (tkv_policy_entry){0};
                 n->pe.key_fp = tkv_key_fp(&node_keys[nd[j]]); /* as the store's probe */
                 if (ip >= 0 && nodes[ip].present)
                     n->pe.parent = &nodes[ip].pe;
-                if (ip >= 0 && (nodes[ip].present || (j > off && admitted[j - 1 - off])))
+                if (indexed)
                     n->pe.depth =
                         t->node_depth[nd[j] / per] * per + (uint32_t)(nd[j] % per);
-                if (!ops->admit(st, &n->pe, now))
+                /* asked even where the block before it was not admitted, but then, as in
+                 * the store, not stored: no lookup could reach it */
+                if (!ops->admit(st, &n->pe, now) || !(ip < 0 || indexed))
                     continue;
                 admitted[j - off] = 1;
                 want++;
             }
             /* as in the store, the block the chunk hangs under is pinned while room is made
              * (the first chunk's, the request's last hit, is pinned already) */
-            sim_node *cp = off > hit ? &nodes[nd[off - 1]] : NULL;
+            sim_node *cp = off > hit && want ? &nodes[nd[off - 1]] : NULL;
             if (cp && cp->present) {
                 cp->pe.pinned++;
                 ops->changed(st, &cp->pe);

@@ -1150,9 +1150,10 @@ static bool l2_admit(tkv_store *s, tkv_entry *e, tkv_entry *pe, uint64_t now, bo
     return true;
 }
 
-static int put_chunk(tkv_store *s, const tkv_key *parent, const tkv_key *keys,
-                     const uint32_t *tokens, const void *const *payloads, size_t n,
-                     tkv_entry **ents, size_t *idx, uint64_t *slots, size_t *num_stored)
+static int put_chunk(tkv_store *s, const tkv_key *parent, bool parent_in_put,
+                     const tkv_key *keys, const uint32_t *tokens, const void *const *payloads,
+                     size_t n, tkv_entry **ents, size_t *idx, uint64_t *slots,
+                     size_t *num_stored)
 {
     int rc = TKV_OK;
     size_t m = 0, got = 0, dup = 0, rejected = 0, no_room = 0;
@@ -1173,7 +1174,10 @@ static int put_chunk(tkv_store *s, const tkv_key *parent, const tkv_key *keys,
         tkv_entry *pe = tkv_index_find(s->ix, pk);
         tkv_entry *e = tkv_entry_new(&keys[i], pk, pe ? pe->depth + 1 : 0);
         e->state = TKV_BLOCK_WRITING;
-        if (!l2_admit(s, e, pe, now, true)) {
+        /* Still asked when the block before it in this put was not stored (the policy sees
+         * the whole put), but then not stored either: no lookup could reach it. */
+        bool reachable = pe || (i == 0 && !parent_in_put);
+        if (!l2_admit(s, e, pe, now, true) || !reachable) {
             tkv_entry_free(e);
             rejected++;
             continue;
@@ -1268,7 +1272,7 @@ int tkv_store_put(tkv_store *s, const tkv_key *parent, const tkv_key *keys,
     int rc = TKV_OK;
     for (size_t off = 0; off < num_blocks; off += chunk) {
         size_t n = num_blocks - off < chunk ? num_blocks - off : chunk;
-        rc = put_chunk(s, off ? &keys[off - 1] : parent, keys + off,
+        rc = put_chunk(s, off ? &keys[off - 1] : parent, off > 0, keys + off,
                        tokens + off * (size_t)s->block_tokens, payloads + off, n, ents, idx,
                        slots, &stored);
         if (rc != TKV_OK)

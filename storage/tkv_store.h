@@ -135,9 +135,12 @@ int tkv_store_get(tkv_store *s, uint64_t lease_id, uint32_t index, void *dst, si
  * each. Blocks already present are skipped (duplicates dropped). Admission to L2 is the
  * policy's call: with a writable L3, a block it does not admit still goes to L3 (through an L2
  * slot it leaves as soon as it is durable); without one, it is not stored and counts as
- * rejected, which is not an error. *num_stored (may be NULL) counts the blocks newly made
- * READY. Blocks that find no L2 room (every victim pinned) are not stored either and count as
- * rejected; TKV_EFULL only when some block found no room and none was stored. */
+ * rejected, which is not an error, and neither are the blocks after it in this put (the
+ * policy is still asked for them; no lookup could reach them). Room is not made by evicting
+ * the block a chunk of the put hangs under, nor, without a writable L3, a block with cached
+ * children. *num_stored (may be NULL) counts the blocks newly made READY. Blocks that find no
+ * L2 room (every victim pinned) end the put and count as rejected; TKV_EFULL only when some
+ * block found no room and none was stored. */
 int tkv_store_put(tkv_store *s, const tkv_key *parent, const tkv_key *keys,
                   const uint32_t *tokens, const void *const *payloads, size_t num_blocks,
                   size_t *num_stored);
