@@ -60,6 +60,10 @@ enum { kMinBucket = 32, kMinLearn = 256 };   /* floors, in ticks, for tiny tiers
 static const double kDecay = 1.0 / 64;       /* per rebuild: a memory of about 4 fills */
 static const double kPrior = 20;             /* pseudo-events pulling a class to its base */
 enum { kSamples = 64 };
+enum { NUNIT = 7 };                          /* clients' blocks of 1 .. 64 of ours */
+static const double kUnitDecay = 1.0 / 256;  /* per put */
+static const double kUnitShare = 0.99;       /* of puts ending on a multiple of the unit */
+static const double kUnitMinPuts = 32;       /* before that, a unit of 1 */
 static const double kGhostPerCapacity = 4.0;
 enum { GHOST_WAYS = 8 };
 
@@ -98,6 +102,10 @@ typedef struct hazard_state {
     uint64_t run_len, run_new;
     int run_hist_turn;
     tkv_policy_entry *hit_last; /* the latest lookup's deepest hit (F_HITPEND) block */
+    /* the clients' block, in blocks: puts seen (decayed), and of them those whose chain ends
+     * at a multiple of 2^k blocks */
+    double unit_puts, unit_aligned[NUNIT];
+    uint64_t unit;
     /* the last victim's parent, tick, class and index */
     tkv_policy_entry *victim_parent;
     uint64_t victim_tick;
@@ -121,17 +129,20 @@ static unsigned field(const tkv_policy_entry *e, int shift)
     return (unsigned)((e->p_u64[1] >> shift) & FIELD3);
 }
 
-static unsigned new_bucket(uint64_t n)
+/* n new blocks, in units of the clients' block (unit blocks, see learn_unit) */
+static unsigned new_bucket(uint64_t n, uint64_t unit)
 {
-    return n <= 4 ? 0 : n <= 16 ? 1 : n <= 64 ? 2 : n <= 256 ? 3 : 4;
+    n = (n + unit - 1) / unit;
+    return n <= 1 ? 0 : n <= 4 ? 1 : n <= 16 ? 2 : n <= 64 ? 3 : 4;
 }
 
-/* distance d from the end of its put: floor(log2(d + 1)), capped (the last bucket is also a
- * put still being inserted) */
-static unsigned end_bucket(uint64_t d)
+/* distance d (in blocks) from the end of its put, in units of the clients' block (unit
+ * blocks): floor(log2(d / unit + 1)), capped (the last bucket is also a put still being
+ * inserted) */
+static unsigned end_bucket(uint64_t d, uint64_t unit)
 {
     unsigned b = 0;
-    for (d += 1; d > 1 && b < ND - 1; d >>= 1)
+    for (d = d / unit + 1; d > 1 && b < ND - 1; d >>= 1)
         b++;
     return b;
 }
@@ -420,18 +431,38 @@ static void finish_hits(hazard_state *st, unsigned turn, unsigned newb)
     st->hit_last = NULL;
 }
 
+/* A put's chain ends at depth + 1 blocks. A client whose block is a multiple of the store's
+ * (a 512-token hash block over 128-token blocks, say) ends every request on a multiple of
+ * it, and a prompt's dead partial block is then that many blocks: the unit of the distance
+ * from a put's end. The largest power of two that nearly all recent puts end on. */
+static void learn_unit(hazard_state *st, uint64_t end_depth)
+{
+    uint64_t n = end_depth + 1;
+    st->unit_puts = st->unit_puts * (1 - kUnitDecay) + 1;
+    for (unsigned k = 1; k < NUNIT; k++)
+        st->unit_aligned[k] = st->unit_aligned[k] * (1 - kUnitDecay) + (n % (1ull << k) == 0);
+    st->unit = 1;
+    for (unsigned k = 1; k < NUNIT && st->unit_puts >= kUnitMinPuts &&
+                         st->unit_aligned[k] >= kUnitShare * st->unit_puts;
+         k++)
+        st->unit <<= 1;
+}
+
 /* The put is complete (a lookup, a block that does not continue it, or its newest block
  * leaving): its blocks get their class, now that its end, turn and new blocks are known, and
  * so do the hits of the lookup it continues. */
 static void finish_run(hazard_state *st)
 {
     tkv_policy_entry *e = st->run_last;
-    unsigned turn = put_turn(st, st->run_parent), newb = new_bucket(st->run_new);
+    if (e)
+        learn_unit(st, e->depth);
+    unsigned turn = put_turn(st, st->run_parent), newb = new_bucket(st->run_new, st->unit);
     for (uint64_t i = 0; e && i < st->run_len; i++, e = e->parent) {
         if (!(e->p_u64[1] & F_PENDING))
             continue;
         e->p_u64[1] &= ~F_PENDING;
-        unsigned uses = field(e, USES_SHIFT), c = make_class(uses, end_bucket(i), turn, newb);
+        unsigned uses = field(e, USES_SHIFT),
+                 c = make_class(uses, end_bucket(i, st->unit), turn, newb);
         reclass(st, e, c);
         set_fields(e, c, uses, (e->p_u64[1] & F_HIST) ? field(e, TURN_SHIFT) : turn, newb);
     }
@@ -446,7 +477,7 @@ static void finish_run(hazard_state *st)
  * remembered (a refused block that comes back is a reuse). */
 static void finish_refused(hazard_state *st)
 {
-    unsigned newb = new_bucket(st->nrefused);
+    unsigned newb = new_bucket(st->nrefused, st->unit);
     for (uint64_t i = 0; i < st->nrefused; i++) {
         uint64_t fp = st->refused_fp[i], meta = ghost_take(st, fp);
         unsigned uses = 1;
@@ -454,7 +485,8 @@ static void finish_refused(hazard_state *st)
             ev_end(st, meta_class(meta), meta_start(st, meta), true);
             uses = meta_uses(meta) + 1;
         }
-        unsigned c = make_class(uses, end_bucket(st->nrefused - 1 - i), st->admit_turn, newb);
+        unsigned c =
+            make_class(uses, end_bucket(st->nrefused - 1 - i, st->unit), st->admit_turn, newb);
         ev_start(st, c, st->tick);
         ghost_put(st, fp, st->tick, c, uses > NU ? NU : uses, st->admit_turn);
     }
@@ -476,6 +508,7 @@ static void *hazard_create(uint64_t capacity)
         st->learn_ticks = kMinLearn;
     st->rng = 0x9e3779b97f4a7c15ull;
     st->run_hist_turn = -1;
+    st->unit = 1;
     for (int i = 0; i < 3; i++)
         tkv_plist_init(&st->lists[i]);
     return st;
@@ -607,7 +640,7 @@ static void hazard_inserted(void *state, tkv_policy_entry *e, uint64_t now_ns)
     st->run_last = e;
     st->run_len++;
     /* a provisional class until the put ends; a block with history keeps its own turn */
-    unsigned turn = put_turn(st, st->run_parent), newb = new_bucket(st->run_new);
+    unsigned turn = put_turn(st, st->run_parent), newb = new_bucket(st->run_new, st->unit);
     unsigned c = make_class(uses, ND - 1, turn, newb);
     set_fields(e, c, uses, meta ? meta_turn(meta) : turn, newb);
     ev_start(st, c, st->tick);
