@@ -4,10 +4,11 @@
  * the block's next use (a reuse) or when the policy stops being able to see one (censored).
  * Events are classed by what the policy knows of the put that inserted the block: the block's
  * prior uses (1..4, hits in the tier plus what the ghost history remembers), its distance
- * from the put's end (floor(log2(d + 1)), 4 buckets: the dead partial block of a prompt is a
- * class at any block size), the put's turn (1 for a chain started under a hub or from
+ * from the put's end (floor(log2(d + 1)) in clients' blocks, 4 buckets: the dead partial
+ * block of a prompt is a class), the put's turn (1 for a chain started under a hub or from
  * nothing, else the turn of its deepest block with history + 1, up to 5) and how many new
- * blocks the put brought (buckets 4x apart). A hit is classed by the request that hit it: the
+ * blocks the put brought (clients' blocks, buckets 4x apart). The clients' block is learned
+ * from where puts start new content (learn_unit). A hit is classed by the request that hit it: the
  * put that continues the lookup gives its turn and new blocks when it ends (a lookup no put
  * continues leaves its hits with the features of the put that inserted them). Per class and
  * age bucket the policy learns the reuse hazard online: reuses seen at age a over the ticks
@@ -61,8 +62,8 @@ static const double kDecay = 1.0 / 64;       /* per rebuild: a memory of about 4
 static const double kPrior = 20;             /* pseudo-events pulling a class to its base */
 enum { kSamples = 64 };
 enum { NUNIT = 7 };                          /* clients' blocks of 1 .. 64 of ours */
-static const double kUnitDecay = 1.0 / 256;  /* per put */
-static const double kUnitShare = 0.99;       /* of puts ending on a multiple of the unit */
+static const double kUnitDecay = 1.0 / 256;  /* per put starting new content */
+static const double kUnitShare = 0.95;       /* of those starting on a multiple of the unit */
 static const double kUnitMinPuts = 32;       /* before that, a unit of 1 */
 static const double kGhostPerCapacity = 4.0;
 enum { GHOST_WAYS = 8 };
@@ -102,8 +103,8 @@ typedef struct hazard_state {
     uint64_t run_len, run_new;
     int run_hist_turn;
     tkv_policy_entry *hit_last; /* the latest lookup's deepest hit (F_HITPEND) block */
-    /* the clients' block, in blocks: puts seen (decayed), and of them those whose chain ends
-     * at a multiple of 2^k blocks */
+    /* the clients' block, in blocks: puts seen starting new content (decayed), and of them
+     * those starting at a multiple of 2^k blocks */
     double unit_puts, unit_aligned[NUNIT];
     uint64_t unit;
     /* the last victim's parent, tick, class and index */
@@ -431,13 +432,16 @@ static void finish_hits(hazard_state *st, unsigned turn, unsigned newb)
     st->hit_last = NULL;
 }
 
-/* A put's chain ends at depth + 1 blocks. A client whose block is a multiple of the store's
- * (a 512-token hash block over 128-token blocks, say) ends every request on a multiple of
- * it, and a prompt's dead partial block is then that many blocks: the unit of the distance
- * from a put's end. The largest power of two that nearly all recent puts end on. */
-static void learn_unit(hazard_state *st, uint64_t end_depth)
+/* A put's new content starts at depth `depth`: where this request departs from what the
+ * tier has seen. A client whose block is a multiple of the store's (a 512-token hash block
+ * over 128-token blocks, say) departs only at its own block boundaries, and a prompt's dead
+ * partial block is then that many blocks: the unit of the distance from a put's end and of
+ * its new blocks. The largest power of two that nearly all recent departures fall on.
+ * (Where puts end says less: a workload of first turns only, all of one length, ends them
+ * all on a multiple of that length.) */
+static void learn_unit(hazard_state *st, uint64_t depth)
 {
-    uint64_t n = end_depth + 1;
+    uint64_t n = depth;
     st->unit_puts = st->unit_puts * (1 - kUnitDecay) + 1;
     for (unsigned k = 1; k < NUNIT; k++)
         st->unit_aligned[k] = st->unit_aligned[k] * (1 - kUnitDecay) + (n % (1ull << k) == 0);
@@ -454,8 +458,6 @@ static void learn_unit(hazard_state *st, uint64_t end_depth)
 static void finish_run(hazard_state *st)
 {
     tkv_policy_entry *e = st->run_last;
-    if (e)
-        learn_unit(st, e->depth);
     unsigned turn = put_turn(st, st->run_parent), newb = new_bucket(st->run_new, st->unit);
     for (uint64_t i = 0; e && i < st->run_len; i++, e = e->parent) {
         if (!(e->p_u64[1] & F_PENDING))
@@ -629,6 +631,8 @@ static void hazard_inserted(void *state, tkv_policy_entry *e, uint64_t now_ns)
     e->prev = e->next = NULL;
     unsigned uses = 1;
     uint64_t meta = ghost_take(st, e->key_fp);
+    if (st->run_len == 0 && !meta && e->key_fp && e->depth > 0)
+        learn_unit(st, e->depth); /* a put starts new content under a known prefix */
     if (meta) { /* it was here, or was refused: looked up again */
         ev_end(st, meta_class(meta), meta_start(st, meta), true);
         uses = meta_uses(meta) + 1;

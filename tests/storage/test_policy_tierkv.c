@@ -511,11 +511,15 @@ END_TEST
  * block of a put earns nothing and strips it from first turns still waiting for their second
  * turn, before their live blocks go; LRU evicts each first turn whole, from its end. Returns
  * the share of cached waiting first turns that still hold their dead last block.
- * Measured: lru 1.00, tierkv 0.10 (1.00 without rule 4). */
-static double ends_kept(const tkv_policy_ops *ops, uint64_t *hits)
+ * Measured: lru 1.00, tierkv 0.10 (1.00 without rule 4). With unit > 1 each of those blocks
+ * is `unit` chained blocks of the tier (a client's block over smaller store blocks: the dead
+ * end is then `unit` blocks), and the tier is `unit` times larger. */
+static double ends_kept(const tkv_policy_ops *ops, int unit, uint64_t *hits)
 {
-    enum { kConvs = 20000, kGapMin = 500, kGapSpan = 1000, kPer = 12 };
-    mgr *m = mgr_new(ops, kConvs * kPer, 12000);
+    enum { kConvs = 20000, kGapMin = 500, kGapSpan = 1000 };
+    const int kPer = 12 * unit;
+    mgr *m = mgr_new(ops, kConvs * kPer, 12000 * (uint64_t)unit);
+    m->keys = unit > 1; /* the store gives fingerprints; hazard learns the unit from them */
     int *due_head = tkv_xmalloc(sizeof(int) * (kConvs + kGapMin + kGapSpan));
     int *due_next = tkv_xmalloc(sizeof(int) * kConvs);
     int *turn2_at = tkv_xmalloc(sizeof(int) * kConvs);
@@ -523,18 +527,19 @@ static double ends_kept(const tkv_policy_ops *ops, uint64_t *hits)
         due_head[i] = -1;
     uint64_t r = 11;
     for (int c = 0; c < kConvs; c++) {
-        for (int k = 0; k < 8; k++)
+        for (int k = 0; k < 8 * unit; k++)
             mgr_link(m, c * kPer + k, k == 0 ? -1 : c * kPer + k - 1);
-        for (int k = 0; k < 4; k++)
-            mgr_link(m, c * kPer + 8 + k, k == 0 ? c * kPer + 6 : c * kPer + 8 + k - 1);
+        for (int k = 0; k < 4 * unit; k++)
+            mgr_link(m, c * kPer + 8 * unit + k,
+                     k == 0 ? c * kPer + 7 * unit - 1 : c * kPer + 8 * unit + k - 1);
         turn2_at[c] = c + kGapMin + (int)(rng_next(&r) % kGapSpan);
         due_next[c] = due_head[turn2_at[c]];
         due_head[turn2_at[c]] = c;
     }
     for (int q = 0; q < kConvs; q++) {
-        mgr_request(m, q * kPer + 7, false);
+        mgr_request(m, q * kPer + 8 * unit - 1, false);
         for (int c = due_head[q]; c >= 0; c = due_next[c])
-            mgr_request(m, c * kPer + 11, false);
+            mgr_request(m, c * kPer + 12 * unit - 1, false);
     }
     /* cached first turns whose second turn is still due */
     uint64_t waiting = 0, with_end = 0;
@@ -542,7 +547,7 @@ static double ends_kept(const tkv_policy_ops *ops, uint64_t *hits)
         if (turn2_at[c] < kConvs || !m->nodes[c * kPer].present)
             continue;
         waiting++;
-        if (m->nodes[c * kPer + 7].present)
+        if (m->nodes[c * kPer + 7 * unit].present)
             with_end++;
     }
     *hits = m->hits;
@@ -557,8 +562,8 @@ static double ends_kept(const tkv_policy_ops *ops, uint64_t *hits)
 START_TEST(put_ends_go_first)
 {
     uint64_t lru_hits, tierkv_hits;
-    double lru = ends_kept(&tkv_policy_lru, &lru_hits);
-    double tierkv = ends_kept(&tkv_policy_tierkv, &tierkv_hits);
+    double lru = ends_kept(&tkv_policy_lru, 1, &lru_hits);
+    double tierkv = ends_kept(&tkv_policy_tierkv, 1, &tierkv_hits);
     fprintf(stderr, "waiting first turns with their dead end: lru %.2f, tierkv %.2f (hits %llu, "
             "%llu)\n", lru, tierkv, (unsigned long long)lru_hits, (unsigned long long)tierkv_hits);
     ck_assert_msg(lru > 0.9, "lru keeps the end of only %.2f of first turns", lru);
@@ -729,25 +734,32 @@ END_TEST
  * ========================================================================================== */
 
 /* Rule 4's workload: the policy learns that a put's last block is never reused (its class:
- * distance 0 from the end) and evicts those first. Measured: lru 1.00, hazard 0.02 of waiting
- * first turns keep their dead end; hits 20,691 and 126,442. */
+ * distance 0 from the end) and evicts those first. Also with each block 8 of the tier's (a
+ * client's block over smaller store blocks, with fingerprints, from which hazard learns that
+ * unit): the dead end is then 8 blocks, and still a class of its own. Measured: lru 1.00,
+ * hazard 0.01 of waiting first turns keep their dead end, hits 20,691 and 125,403; unit 8:
+ * 1.00, 0.04, hits 165,528 and 1,061,088. (Learned from where puts end instead, the unit
+ * misfired here: the first 500 requests are first turns of 64 blocks, a unit of 64 by that
+ * measure, and the dead end was kept in most waiting first turns.) */
 START_TEST(hazard_strips_put_ends)
 {
+    const int unit = _i ? 8 : 1; /* the client's block: 1 or 8 of the tier's */
     uint64_t lru_hits, hz_hits;
-    double lru = ends_kept(&tkv_policy_lru, &lru_hits);
-    double hz = ends_kept(&tkv_policy_hazard, &hz_hits);
-    fprintf(stderr, "hazard: waiting first turns with their dead end: lru %.2f, hazard %.2f "
-            "(hits %llu, %llu)\n", lru, hz, (unsigned long long)lru_hits,
+    double lru = ends_kept(&tkv_policy_lru, unit, &lru_hits);
+    double hz = ends_kept(&tkv_policy_hazard, unit, &hz_hits);
+    fprintf(stderr, "hazard: waiting first turns with their dead end (unit %d): lru %.2f, "
+            "hazard %.2f (hits %llu, %llu)\n", unit, lru, hz, (unsigned long long)lru_hits,
             (unsigned long long)hz_hits);
-    ck_assert_msg(hz < 0.5, "hazard keeps the dead end of %.2f of first turns", hz);
-    ck_assert_msg(hz_hits > lru_hits, "hazard %llu hits, lru %llu", (unsigned long long)hz_hits,
-                  (unsigned long long)lru_hits);
+    ck_assert_msg(hz < 0.5, "unit %d: hazard keeps the dead end of %.2f of first turns", unit,
+                  hz);
+    ck_assert_msg(hz_hits > lru_hits, "unit %d: hazard %llu hits, lru %llu", unit,
+                  (unsigned long long)hz_hits, (unsigned long long)lru_hits);
 }
 END_TEST
 
 /* Rule 3's workloads: late second turns (beyond LRU's horizon) are held, because old first
  * turns are learned to be worth more than newcomers; early ones are not turned away.
- * Measured (without, with keys): late lru 0.19%, hazard 4.37%, 8.97%; early lru 24.96%,
+ * Measured (without, with keys): late lru 0.19%, hazard 4.18%, 8.96%; early lru 24.96%,
  * hazard 24.97%, 24.97%. */
 START_TEST(hazard_turns)
 {
@@ -774,8 +786,8 @@ END_TEST
 
 /* Rule 5's workload: with keys, a turn whose previous turn left the tier is a reuse, learned
  * as such; where gaps exceed the horizon that is what holds conversations. Measured (lru,
- * hazard, with keys): 50..150 6.06, 21.60, 22.76; 100..300 0.21, 9.64, 11.47; 100..600 0.20,
- * 2.87, 6.06; 300..900 0.07, 0.07, 2.83; 1..100 30.88, 35.76, 38.21. */
+ * hazard, with keys): 50..150 6.06, 21.43, 22.81; 100..300 0.21, 9.99, 11.56; 100..600 0.20,
+ * 3.03, 5.95; 300..900 0.07, 0.07, 2.86; 1..100 30.88, 35.67, 38.46. */
 START_TEST(hazard_conversations)
 {
     static const int gaps[][3] = {/* lo, hi, keys must gain */
@@ -836,7 +848,7 @@ int main(void)
     suite_add_tcase(s, synth);
     TCase *hz = tcase_create("hazard");
     tcase_set_timeout(hz, 120);
-    tcase_add_test(hz, hazard_strips_put_ends);
+    tcase_add_loop_test(hz, hazard_strips_put_ends, 0, 2);
     tcase_add_test(hz, hazard_turns);
     tcase_add_test(hz, hazard_conversations);
     tcase_add_test(hz, hazard_beats_lru_on_synthetic);
