@@ -8,9 +8,9 @@
  * block of a prompt is a class), the put's turn (1 for a chain started under a hub or from
  * nothing, else the turn of its deepest block with history + 1, up to 5) and how many new
  * blocks the put brought (clients' blocks, buckets 4x apart). The clients' block is learned
- * from where puts start new content (learn_unit). A hit is classed by the request that hit it: the
- * put that continues the lookup gives its turn and new blocks when it ends (a lookup no put
- * continues leaves its hits with the features of the put that inserted them). Per class and
+ * from where puts start new content (learn_unit). A hit is classed by the request that hit
+ * it: the put that continues the lookup gives its turn and new blocks when it ends (a lookup
+ * no put continues leaves its hits with the features of the put that inserted them). Per class and
  * age bucket the policy learns the reuse hazard online: reuses seen at age a over the ticks
  * the class's open events spent at age a (blocks still cached included: counting only
  * finished stays over-weights the short ones), as a base rate by age shared by the classes
@@ -64,7 +64,7 @@ enum { kSamples = 64 };
 enum { NUNIT = 7 };                          /* clients' blocks of 1 .. 64 of ours */
 static const double kUnitDecay = 1.0 / 256;  /* per put starting new content */
 static const double kUnitShare = 0.95;       /* of those starting on a multiple of the unit */
-static const double kUnitMinPuts = 32;       /* before that, a unit of 1 */
+static const double kUnitMinStarts = 32;     /* before that, a unit of 1 */
 static const double kGhostPerCapacity = 4.0;
 enum { GHOST_WAYS = 8 };
 
@@ -105,7 +105,7 @@ typedef struct hazard_state {
     tkv_policy_entry *hit_last; /* the latest lookup's deepest hit (F_HITPEND) block */
     /* the clients' block, in blocks: puts seen starting new content (decayed), and of them
      * those starting at a multiple of 2^k blocks */
-    double unit_puts, unit_aligned[NUNIT];
+    double unit_starts, unit_aligned[NUNIT];
     uint64_t unit;
     /* the last victim's parent, tick, class and index */
     tkv_policy_entry *victim_parent;
@@ -441,13 +441,12 @@ static void finish_hits(hazard_state *st, unsigned turn, unsigned newb)
  * all on a multiple of that length.) */
 static void learn_unit(hazard_state *st, uint64_t depth)
 {
-    uint64_t n = depth;
-    st->unit_puts = st->unit_puts * (1 - kUnitDecay) + 1;
+    st->unit_starts = st->unit_starts * (1 - kUnitDecay) + 1;
     for (unsigned k = 1; k < NUNIT; k++)
-        st->unit_aligned[k] = st->unit_aligned[k] * (1 - kUnitDecay) + (n % (1ull << k) == 0);
+        st->unit_aligned[k] = st->unit_aligned[k] * (1 - kUnitDecay) + (depth % (1ull << k) == 0);
     st->unit = 1;
-    for (unsigned k = 1; k < NUNIT && st->unit_puts >= kUnitMinPuts &&
-                         st->unit_aligned[k] >= kUnitShare * st->unit_puts;
+    for (unsigned k = 1; k < NUNIT && st->unit_starts >= kUnitMinStarts &&
+                         st->unit_aligned[k] >= kUnitShare * st->unit_starts;
          k++)
         st->unit <<= 1;
 }
