@@ -630,8 +630,9 @@ static int run_sim(const trace *t, const tkv_policy_ops *ops, uint64_t trace_cap
                 sim_node *p = ip >= 0 ? &nodes[ip] : NULL;
                 if (!admitted[j - off])
                     continue;
-                if (p && !p->present)
-                    break; /* its prefix is not cached: it could never be hit */
+                /* admitted only under a cached block, one admitted before it in this chunk,
+                 * or the chunk's pinned parent */
+                TKV_ASSERT(!p || p->present);
                 n->pe.parent = p ? &p->pe : NULL;
                 n->pe.depth = t->node_depth[nd[j] / per] * per + (uint32_t)(nd[j] % per);
                 /* the store's order: the parent learns of its child first, then the policy
