@@ -589,7 +589,8 @@ static int run_sim(const trace *t, const tkv_policy_ops *ops, uint64_t trace_cap
                         t->node_depth[nd[j] / per] * per + (uint32_t)(nd[j] % per);
                 /* asked even where the block before it was not admitted, but then, as in
                  * the store, not stored: no lookup could reach it */
-                if (!ops->admit(st, &n->pe, now) || !(ip < 0 || indexed))
+                bool reachable = ip < 0 || indexed;
+                if (!ops->admit(st, &n->pe, now) || !reachable)
                     continue;
                 admitted[j - off] = 1;
                 want++;

@@ -1165,8 +1165,9 @@ static int put_chunk(tkv_store *s, const tkv_key *parent, bool parent_in_put,
         goto unlock_out;
     }
     uint64_t now = tkv_now_ns();
+    const tkv_key *first_pk = parent ? parent : &zero_key; /* the key the chunk hangs under */
     for (size_t i = 0; i < n; i++) {
-        const tkv_key *pk = i ? &keys[i - 1] : parent ? parent : &zero_key;
+        const tkv_key *pk = i ? &keys[i - 1] : first_pk;
         if (tkv_index_find(s->ix, &keys[i])) {
             dup++;
             continue;
@@ -1193,7 +1194,7 @@ static int put_chunk(tkv_store *s, const tkv_key *parent, bool parent_in_put,
      * not demoted) from the middle of any chain: either would leave cached blocks under a
      * gap, where no lookup reaches them. So the block the chunk hangs under is pinned, and
      * without a writable L3 only tails are evicted; the chunk stores the prefix that fits. */
-    tkv_entry *under = m ? tkv_index_find(s->ix, parent ? parent : &zero_key) : NULL;
+    tkv_entry *under = m ? tkv_index_find(s->ix, first_pk) : NULL;
     if (under && !(under->resident & RES(TKV_TIER_L2)))
         under = NULL;
     if (under)
