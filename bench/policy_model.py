@@ -15,6 +15,13 @@ from"):
   index-online  the same rule learned online: age in ticks (one per block inserted, hit or
                 refused), classes from what the cache and a ghost history of departed blocks
                 remember, hazards from reuse counts over exposure (see learn()).
+  index-past    index-true's classes and ages, but each class's hazard re-estimated every
+                `--every` requests from the past alone (every use before then, its next use
+                seen if it came before then, else censored there; Kaplan-Meier): what perfect
+                observation of the past, with unlimited memory, tells. Needs numpy.
+
+`--from M` counts hits from request M on only (the requests before it still run), to tell a
+warm-up from the steady state.
 
 The hazard index of a block of class c at age a is the most hits per tick of holding it that
 any holding time T can give: max over T of P(reused within T) / E[min(time to reuse, T)]. The
@@ -30,30 +37,46 @@ import json
 import math
 import random
 
-FEATURES = "u l t n".split()  # prior uses, last block, turn, new blocks of the request
+FEATURES = "u l t n r".split()  # prior uses, last block, turn, new blocks, request length
 
 
 def bucket_new(x):
     return 0 if x <= 4 else 1 if x <= 8 else 2 if x <= 16 else 3 if x <= 64 else 4
 
 
-def class_key(uses, last, turn, new, keys):
-    f = dict(u=min(uses, 4), l=last, t=min(turn, 5), n=bucket_new(new))
+def class_key(uses, last, turn, new, length, keys):
+    f = dict(u=min(uses, 4), l=last, t=min(turn, 5), n=bucket_new(new), r=bucket_new(length))
     return tuple(f[k] for k in keys)
 
 
 def index_row(hz):
-    """Hazard index by age from per-bucket hazards hz[a] (P(reuse in bucket a | not before))."""
-    out = [0.0] * len(hz)
-    for a in range(len(hz)):
-        s = 1.0
-        num = den = best = 0.0
-        for x in range(a, len(hz)):
-            den += s
-            num += s * hz[x]
-            s *= 1 - hz[x]
-            best = max(best, num / den)
-        out[a] = best
+    """Hazard index by age from per-bucket hazards hz[a] (P(reuse in bucket a | not before)):
+    max over T of P(reused in [a, a + T)) / E[buckets held]. With S the survival, that is the
+    largest slope from point a to a later one of the points (G_i, F_i) = (sum of S below i,
+    1 - S_i): a tangent to the upper hull of the later points, kept on a stack in one backward
+    pass (storage/policy_hazard.c's build_index). G differences are taken from suffix sums, whose
+    terms are all below S_i, so that they keep their precision where S falls by many orders of
+    magnitude; a hazard of 1 is taken as 1 - 1e-9, so that the ages after it keep a survival
+    (and their index, conditional on reaching them); a span whose survival underflowed has
+    slope 0."""
+    nb = len(hz)
+    S = [1.0] * (nb + 1)
+    for a in range(nb):
+        S[a + 1] = S[a] * (1 - min(hz[a], 1 - 1e-9))
+    R = [0.0] * (nb + 1)  # R[i] = sum of S[i:nb]
+    for a in range(nb - 1, -1, -1):
+        R[a] = R[a + 1] + S[a]
+
+    def slope(i, j):
+        den = R[i] - R[j]
+        return (S[i] - S[j]) / den if den > 0 else 0.0
+
+    out, stack = [0.0] * nb, [nb]
+    for a in range(nb - 1, -1, -1):
+        while len(stack) >= 2 and slope(a, stack[-1]) <= slope(a, stack[-2]):
+            stack.pop()
+        out[a] = slope(a, stack[-1])
+        stack.append(a)
     return out
 
 
@@ -140,11 +163,9 @@ class Learner:
         return row[min((self.tick - start_tick) // self.bw, self.nb - 1)] if row else 1.0
 
 
-def true_table(reqs, classes, keys, width=8, nb=1200):
-    """index-true: per class, the index by age (buckets of `width` requests) from the hazard
-    of the next use of every block use in the trace."""
-    import numpy as np
-
+def trace_uses(reqs, classes, keys):
+    """Every block use of the trace: its class (features known with unlimited memory) and the
+    request of the block's next use (-1: none), both as [request][position]."""
     seen, inserter, turn, uses = set(), {}, [], collections.Counter()
     cls, nxt, last = [], [], {}
     for i, h in enumerate(reqs):
@@ -158,7 +179,7 @@ def true_table(reqs, classes, keys, width=8, nb=1200):
         row = []
         for j, b in enumerate(h):
             uses[b] += 1
-            key = class_key(uses[b], int(j == len(h) - 1), turn[i], len(h) - k, keys)
+            key = class_key(uses[b], int(j == len(h) - 1), turn[i], len(h) - k, len(h), keys)
             row.append(classes.id(key))
         cls.append(row)
         nxt.append([-1] * len(h))
@@ -166,6 +187,15 @@ def true_table(reqs, classes, keys, width=8, nb=1200):
         for j, b in enumerate(reqs[i]):
             nxt[i][j] = last.get(b, -1)
             last[b] = i
+    return cls, nxt
+
+
+def true_table(reqs, classes, keys, width=8, nb=1200):
+    """index-true: per class, the index by age (buckets of `width` requests) from the hazard
+    of the next use of every block use in the trace."""
+    import numpy as np
+
+    cls, nxt = trace_uses(reqs, classes, keys)
     n = len(classes.ids)
     cnt, tot = np.zeros((n, nb + 1)), np.zeros(n)
     for i in range(len(reqs)):
@@ -180,14 +210,42 @@ def true_table(reqs, classes, keys, width=8, nb=1200):
             if surv[a] > 0:
                 ratio = (surv[a] - surv[a + 1:]) / np.cumsum(surv[a:nb + 1])
                 table[c, a] = ratio.max()
-    return cls, table, width, nb
+    return cls, table
 
 
-def replay(reqs, capacity, policy, keys, samples, seed=1):
+def past_table(cls_of_use, start, nxt, t, num_classes, width, nb):
+    """index-past at request t: per class, the index by age (buckets of `width` requests) from
+    the Kaplan-Meier hazard of the uses before t, a next use at or after t being censored at
+    t. Arrays over all uses: class, request, next use (-1: none)."""
+    import numpy as np
+
+    m = start < t
+    c, s, x = cls_of_use[m], start[m], nxt[m]
+    seen = (x >= 0) & (x < t)
+    b = np.minimum(np.where(seen, x - s, t - s) // width, nb)
+    reused = np.zeros((num_classes, nb + 1))
+    np.add.at(reused, (c[seen], b[seen]), 1)
+    ended = np.zeros((num_classes, nb + 1))
+    np.add.at(ended, (c, b), 1)
+    at_risk = np.cumsum(ended[:, ::-1], axis=1)[:, ::-1]  # uses still open at age bucket a
+    hz = reused / np.maximum(at_risk, 1)
+    return np.array([index_row(list(row)) if row.any() else [0.0] * (nb + 1) for row in hz])
+
+
+def replay(reqs, capacity, policy, keys, samples, seed=1, first=0, width=8, every=200):
     rnd = random.Random(seed)
     classes = Classes()
+    nb = 9600 // width  # ages of the true and past tables: up to 9,600 requests
     if policy == "index-true":
-        true_cls, table, width, nb = true_table(reqs, classes, keys)
+        true_cls, table = true_table(reqs, classes, keys, width, nb)
+    if policy == "index-past":
+        import numpy as np
+
+        true_cls, nxt = trace_uses(reqs, classes, keys)
+        use_cls = np.array([c for row in true_cls for c in row])
+        use_start = np.array([i for i, row in enumerate(true_cls) for _ in row])
+        use_next = np.array([x for row in nxt for x in row])
+        table = np.zeros((len(classes.ids), nb + 1))  # nothing seen yet: recency decides
     learner = Learner(capacity, classes, keys) if policy == "index-online" else None
     cached = {}  # block -> [start tick, request, class, children, parent, uses, turn]
     # departed or refused blocks: block -> (start tick, class, uses, turn)
@@ -256,12 +314,15 @@ def replay(reqs, capacity, policy, keys, samples, seed=1):
 
     hits = total = 0
     for i, h in enumerate(reqs):
+        if policy == "index-past" and i and i % every == 0:
+            table = past_table(use_cls, use_start, use_next, i, len(classes.ids), width, nb)
         n = len(h)
-        total += n
         k = 0
         while k < n and h[k] in cached:
             k += 1
-        hits += k
+        if i >= first:
+            total += n
+            hits += k
         if learner:  # what the cache and the ghost history remember of this request
             kh = k
             while kh < n and (h[kh] in cached or h[kh] in ghost):
@@ -274,9 +335,11 @@ def replay(reqs, capacity, policy, keys, samples, seed=1):
             new = n - kh
 
         def cls_of(j, uses):
-            if policy == "index-true":
+            if policy in ("index-true", "index-past"):
                 return true_cls[i][j]
-            return classes.id(class_key(uses, int(j == n - 1), turn, new, keys)) if learner else 0
+            if not learner:
+                return 0
+            return classes.id(class_key(uses, int(j == n - 1), turn, new, n, keys))
 
         for j in range(k):
             e = cached[h[j]]
@@ -345,24 +408,36 @@ def main():
     ap.add_argument("--samples", type=int, default=64)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--requests", type=int, default=0, help="replay only the first M requests")
+    ap.add_argument("--from", dest="first", type=int, default=0,
+                    help="count hits from request M on only")
+    ap.add_argument("--width", type=int, default=8,
+                    help="age bucket of index-true and index-past, in requests")
+    ap.add_argument("--every", type=int, default=200,
+                    help="index-past: requests between re-estimates")
     args = ap.parse_args()
     keys = [k for k in args.classes.split(",") if k]
     if any(k not in FEATURES for k in keys):
         ap.error("unknown feature in --classes")
+    if args.first < 0 or not 1 <= args.width <= 9600 or args.every < 1:
+        ap.error("--from must be >= 0, --width 1..9600 and --every >= 1")
     with open(args.trace) as f:
         reqs = [json.loads(line)["hash_ids"] for line in f if line.strip()]
     if args.requests > 0:
         reqs = reqs[:args.requests]
+    if args.first >= len(reqs):
+        ap.error("--from must be below the number of requests replayed")
     for cap in (int(x) for x in args.capacity.split(",")):
         if cap <= 0:
             ap.error("capacity must be positive")
         for pol in args.policy.split(","):
-            if pol not in ("lru", "index-true", "index-online"):
+            if pol not in ("lru", "index-true", "index-online", "index-past"):
                 ap.error("unknown policy " + pol)
-            hits, total = replay(reqs, cap, pol, keys, args.samples, args.seed)
+            hits, total = replay(reqs, cap, pol, keys, args.samples, args.seed, args.first,
+                                 args.width, args.every)
             print(json.dumps(dict(capacity_blocks=cap, policy=pol, classes=",".join(keys),
-                                  samples=args.samples, seed=args.seed, hit_blocks=hits,
-                                  blocks=total, hit_rate=round(100.0 * hits / total, 2))))
+                                  samples=args.samples, seed=args.seed, first=args.first,
+                                  hit_blocks=hits, blocks=total,
+                                  hit_rate=round(100.0 * hits / total, 2))))
 
 
 if __name__ == "__main__":
