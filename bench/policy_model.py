@@ -190,37 +190,29 @@ def trace_uses(reqs, classes, keys):
     return cls, nxt
 
 
-def true_table(reqs, classes, keys, width=8, nb=1200):
-    """index-true: per class, the index by age (buckets of `width` requests) from the hazard
-    of the next use of every block use in the trace."""
+def use_arrays(reqs, classes, keys):
+    """trace_uses() as flat numpy arrays over all uses: class, request, next use (-1: none);
+    and the classes by [request][position]."""
     import numpy as np
 
     cls, nxt = trace_uses(reqs, classes, keys)
-    n = len(classes.ids)
-    cnt, tot = np.zeros((n, nb + 1)), np.zeros(n)
-    for i in range(len(reqs)):
-        for c, x in zip(cls[i], nxt[i]):
-            tot[c] += 1
-            if x >= 0:
-                cnt[c, min((x - i) // width, nb)] += 1
-    table = np.zeros((n, nb + 1))
-    for c in range(n):
-        surv = (tot[c] - np.concatenate([[0], np.cumsum(cnt[c])])) / tot[c]  # P(gap >= a)
-        for a in range(nb + 1):
-            if surv[a] > 0:
-                ratio = (surv[a] - surv[a + 1:]) / np.cumsum(surv[a:nb + 1])
-                table[c, a] = ratio.max()
-    return cls, table
+    arrays = (np.array([c for row in cls for c in row]),
+              np.array([i for i, row in enumerate(cls) for _ in row]),
+              np.array([x for row in nxt for x in row]))
+    return cls, arrays
 
 
-def past_table(cls_of_use, start, nxt, t, num_classes, width, nb):
-    """index-past at request t: per class, the index by age (buckets of `width` requests) from
-    the Kaplan-Meier hazard of the uses before t, a next use at or after t being censored at
-    t. Arrays over all uses: class, request, next use (-1: none)."""
+def hazard_table(arrays, num_classes, width, nb, t=None):
+    """Per class, the index by age (buckets of `width` requests, the last for every older age)
+    from the Kaplan-Meier hazard of the next use of the uses before request t, a next use at
+    or after t censored at t (index-past); t = None: every use of the trace, next uses known
+    (index-true: a use never used again is at risk through the last bucket)."""
     import numpy as np
 
-    m = start < t
-    c, s, x = cls_of_use[m], start[m], nxt[m]
+    if t is None:
+        t = 1 << 40  # past every request: every next use seen, the rest open to the last bucket
+    m = arrays[1] < t
+    c, s, x = (a[m] for a in arrays)
     seen = (x >= 0) & (x < t)
     b = np.minimum(np.where(seen, x - s, t - s) // width, nb)
     reused = np.zeros((num_classes, nb + 1))
@@ -236,16 +228,10 @@ def replay(reqs, capacity, policy, keys, samples, seed=1, first=0, width=8, ever
     rnd = random.Random(seed)
     classes = Classes()
     nb = 9600 // width  # ages of the true and past tables: up to 9,600 requests
-    if policy == "index-true":
-        true_cls, table = true_table(reqs, classes, keys, width, nb)
-    if policy == "index-past":
-        import numpy as np
-
-        true_cls, nxt = trace_uses(reqs, classes, keys)
-        use_cls = np.array([c for row in true_cls for c in row])
-        use_start = np.array([i for i, row in enumerate(true_cls) for _ in row])
-        use_next = np.array([x for row in nxt for x in row])
-        table = np.zeros((len(classes.ids), nb + 1))  # nothing seen yet: recency decides
+    if policy in ("index-true", "index-past"):
+        true_cls, trace_arrays = use_arrays(reqs, classes, keys)
+        seen_until = 0 if policy == "index-past" else None  # nothing yet: recency decides
+        table = hazard_table(trace_arrays, len(classes.ids), width, nb, seen_until)
     learner = Learner(capacity, classes, keys) if policy == "index-online" else None
     cached = {}  # block -> [start tick, request, class, children, parent, uses, turn]
     # departed or refused blocks: block -> (start tick, class, uses, turn)
@@ -315,7 +301,7 @@ def replay(reqs, capacity, policy, keys, samples, seed=1, first=0, width=8, ever
     hits = total = 0
     for i, h in enumerate(reqs):
         if policy == "index-past" and i and i % every == 0:
-            table = past_table(use_cls, use_start, use_next, i, len(classes.ids), width, nb)
+            table = hazard_table(trace_arrays, len(classes.ids), width, nb, i)
         n = len(h)
         k = 0
         while k < n and h[k] in cached:
