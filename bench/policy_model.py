@@ -164,8 +164,11 @@ class Learner:
 
 
 def trace_uses(reqs, classes, keys):
-    """Every block use of the trace: its class (features known with unlimited memory) and the
-    request of the block's next use (-1: none), both as [request][position]."""
+    """Every block use of the trace: its class (features known with unlimited memory) by
+    [request][position], and flat numpy arrays over all uses of class, request and the
+    request of the block's next use (-1: none), for hazard_table()."""
+    import numpy as np
+
     seen, inserter, turn, uses = set(), {}, [], collections.Counter()
     cls, nxt, last = [], [], {}
     for i, h in enumerate(reqs):
@@ -187,15 +190,6 @@ def trace_uses(reqs, classes, keys):
         for j, b in enumerate(reqs[i]):
             nxt[i][j] = last.get(b, -1)
             last[b] = i
-    return cls, nxt
-
-
-def use_arrays(reqs, classes, keys):
-    """trace_uses() as flat numpy arrays over all uses: class, request, next use (-1: none);
-    and the classes by [request][position]."""
-    import numpy as np
-
-    cls, nxt = trace_uses(reqs, classes, keys)
     arrays = (np.array([c for row in cls for c in row]),
               np.array([i for i, row in enumerate(cls) for _ in row]),
               np.array([x for row in nxt for x in row]))
@@ -229,7 +223,7 @@ def replay(reqs, capacity, policy, keys, samples, seed=1, first=0, width=8, ever
     classes = Classes()
     nb = 9600 // width  # ages of the true and past tables: up to 9,600 requests
     if policy in ("index-true", "index-past"):
-        true_cls, trace_arrays = use_arrays(reqs, classes, keys)
+        true_cls, trace_arrays = trace_uses(reqs, classes, keys)
         seen_until = 0 if policy == "index-past" else None  # nothing yet: recency decides
         table = hazard_table(trace_arrays, len(classes.ids), width, nb, seen_until)
     learner = Learner(capacity, classes, keys) if policy == "index-online" else None
