@@ -24,6 +24,7 @@
 #include "tkv_l3.h"
 #include "tkv_l3_hooks.h"
 #include "tkv_base.h"
+#include "tkv_csum.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -158,75 +159,6 @@ int tkv_l3_opts_set_max_block_bytes(tkv_l3_opts *o, size_t n)
         return TKV_EINVAL;
     o->max_block_bytes = n;
     return TKV_OK;
-}
-
-/* ==== checksum ============================================================================= */
-
-/* Four independent multiply-rotate lanes over 32-byte stripes keep the CPU's multipliers busy
- * (several GB/s per core), so checking every read costs little next to the I/O. */
-#define H_K1 0x9E3779B185EBCA87ull
-#define H_K2 0xC2B2AE3D27D4EB4Full
-#define H_K3 0x165667B19E3779F9ull
-#define H_K4 0x85EBCA77C2B2AE63ull
-
-static inline uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
-
-static inline uint64_t h_lane(uint64_t acc, uint64_t w)
-{
-    acc += w * H_K2;
-    acc = rotl64(acc, 31);
-    return acc * H_K1;
-}
-
-static inline uint64_t load64(const uint8_t *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return v; /* the store is little-endian only (x86-64 / aarch64 little-endian) */
-}
-
-uint64_t tkv_l3_hash64(const void *data, size_t len, uint64_t seed)
-{
-    const uint8_t *p = data;
-    size_t n = len;
-    uint64_t h;
-    if (n >= 32) {
-        uint64_t a0 = seed + H_K1 + H_K2, a1 = seed + H_K2, a2 = seed, a3 = seed - H_K1;
-        while (n >= 32) {
-            a0 = h_lane(a0, load64(p));
-            a1 = h_lane(a1, load64(p + 8));
-            a2 = h_lane(a2, load64(p + 16));
-            a3 = h_lane(a3, load64(p + 24));
-            p += 32;
-            n -= 32;
-        }
-        h = rotl64(a0, 1) + rotl64(a1, 7) + rotl64(a2, 12) + rotl64(a3, 18);
-        h = (h ^ h_lane(0, a0)) * H_K1 + H_K4;
-        h = (h ^ h_lane(0, a1)) * H_K1 + H_K4;
-        h = (h ^ h_lane(0, a2)) * H_K1 + H_K4;
-        h = (h ^ h_lane(0, a3)) * H_K1 + H_K4;
-    } else {
-        h = seed + H_K3;
-    }
-    h += (uint64_t)len;
-    while (n >= 8) {
-        h ^= h_lane(0, load64(p));
-        h = rotl64(h, 27) * H_K1 + H_K4;
-        p += 8;
-        n -= 8;
-    }
-    while (n > 0) {
-        h ^= (uint64_t)(*p) * H_K3;
-        h = rotl64(h, 11) * H_K1;
-        p++;
-        n--;
-    }
-    h ^= h >> 33;
-    h *= H_K2;
-    h ^= h >> 29;
-    h *= H_K3;
-    h ^= h >> 32;
-    return h;
 }
 
 /* ==== types ================================================================================ */
@@ -1168,7 +1100,7 @@ static int w_prep(l3_job *j, size_t i, l3_op *op)
     if (buf != it->payload && buf != it->stored && it->alen > it->stored_len)
         memset((char *)buf + it->stored_len, 0, it->alen - it->stored_len);
     if (!it->stored)
-        it->csum = tkv_l3_hash64(buf, it->stored_len, 0);
+        it->csum = tkv_csum64(buf, it->stored_len);
     int rc = seg_reserve(l3, it->alen, it->stored != NULL, &it->seg, &it->off);
     if (rc != TKV_OK) {
         it->status = rc;
@@ -1392,7 +1324,7 @@ static void r_fin(l3_job *j, size_t i, l3_op *op)
         it->status = TKV_EIO;
         return;
     }
-    if (tkv_l3_hash64(op->buf, it->rec.stored_len, 0) != it->rec.csum) {
+    if (tkv_csum64(op->buf, it->rec.stored_len) != it->rec.csum) {
         char hex[2 * TKV_KEY_BYTES + 1];
         key_hex(&it->key, hex);
         TKV_LOG(TKV_LOG_ERROR, "l3 %s: checksum mismatch for block %s; dropping it", l3->dir,

@@ -14,10 +14,6 @@
 extern "C" {
 #endif
 
-/* The 64-bit payload checksum the store writes in every index record (a 4-lane
- * multiply-rotate hash; seed 0). Pure and thread-safe. */
-uint64_t tkv_l3_hash64(const void *data, size_t len, uint64_t seed);
-
 /* Fault injection for tests: after `after_bytes` more payload bytes have been written,
  * every payload write of this store fails with errno `err` (e.g. ENOSPC) as if the OS
  * had returned it. err == 0 switches injection off. Thread-safe. */

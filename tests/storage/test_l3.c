@@ -610,32 +610,12 @@ START_TEST(test_concurrent)
 }
 END_TEST
 
-START_TEST(test_checksum_function)
-{
-    /* distinct inputs of every length class give distinct sums; a flipped bit is seen */
-    uint8_t buf[300];
-    tu_fill_random(buf, sizeof(buf), 5);
-    for (size_t n = 0; n < sizeof(buf); n += 7) {
-        uint64_t h = tkv_l3_hash64(buf, n, 0);
-        ck_assert_uint_eq(h, tkv_l3_hash64(buf, n, 0));
-        if (n > 0) {
-            buf[n / 2] ^= 1;
-            ck_assert_uint_ne(h, tkv_l3_hash64(buf, n, 0));
-            buf[n / 2] ^= 1;
-            ck_assert_uint_ne(h, tkv_l3_hash64(buf, n - 1, 0));
-        }
-    }
-    ck_assert_uint_ne(tkv_l3_hash64(buf, 64, 0), tkv_l3_hash64(buf, 64, 1));
-}
-END_TEST
-
 static Suite *l3_suite(void)
 {
     Suite *s = suite_create(g_io_mode == TKV_IO_URING ? "l3 (io_uring)" : "l3 (psync)");
     TCase *tc = tcase_create("core");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_checksum_function);
     tcase_add_test(tc, test_round_trip);
     tcase_add_test(tc, test_bad_input);
     tcase_add_test(tc, test_capacity);

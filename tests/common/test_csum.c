@@ -60,12 +60,31 @@ START_TEST(every_single_bit_flip_is_detected)
 }
 END_TEST
 
+START_TEST(lengths_are_told_apart)
+{
+    /* the one checksum guards L2 slots and L3 records alike: prefixes of one buffer, at every
+     * length class (under a stripe, whole stripes, stripes plus a tail), sum differently */
+    uint8_t buf[300];
+    for (size_t i = 0; i < sizeof(buf); i++)
+        buf[i] = (uint8_t)(i * 131u + 7u);
+    for (size_t n = 1; n < sizeof(buf); n += 7) {
+        uint64_t h = tkv_csum64(buf, n);
+        ck_assert_uint_eq(h, tkv_csum64(buf, n));
+        ck_assert_uint_ne(h, tkv_csum64(buf, n - 1));
+        buf[n / 2] ^= 1;
+        ck_assert_uint_ne(h, tkv_csum64(buf, n));
+        buf[n / 2] ^= 1;
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("csum");
     TCase *tc = tcase_create("csum");
     tcase_add_test(tc, copy_variant_matches_at_every_length_and_alignment);
     tcase_add_test(tc, every_single_bit_flip_is_detected);
+    tcase_add_test(tc, lengths_are_told_apart);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
