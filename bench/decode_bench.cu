@@ -47,6 +47,7 @@
 
 #include "decode_internal.h"
 #include "tkv_kernels.h"
+#include "decode_static.h"
 #ifdef TKV_HAVE_HPCOPS
 #include "decode_hpcops.h"
 #endif

@@ -120,8 +120,8 @@ using namespace tkvk_dec;
  * Attention entry points
  * ========================================================================================== */
 
-static int dec_fill_params(const tkvk_decode_plan *pl, const tkvk_decode_args *a,
-                           const char *who, DecParams *p)
+int tkvk_dec::dec_fill_params(const tkvk_decode_plan *pl, const tkvk_decode_args *a,
+                              const char *who, DecParams *p)
 {
     int rc = tkvk__decode_check(a, who);
     if (rc)
@@ -171,12 +171,8 @@ static int dec_fill_params(const tkvk_decode_plan *pl, const tkvk_decode_args *a
     return TKVK_OK;
 }
 
-/* kind: how the attention kernel left its partials: by static split, by slot (the
- * warp-worker kernel) or by task (the CTA kernel). */
-enum DecParts { kPartsStatic, kPartsBySlot, kPartsByTask };
-
-static int dec_combine(const tkvk_decode_plan *pl, const tkvk_decode_args *a, const DecParams &p,
-                       DecParts kind, cudaStream_t s)
+int tkvk_dec::dec_combine(const tkvk_decode_plan *pl, const tkvk_decode_args *a,
+                          const DecParams &p, DecParts kind, cudaStream_t s)
 {
     const bool is_static = kind == kPartsStatic;
     CombineParams cp;
@@ -233,39 +229,6 @@ extern "C" int tkvk_decode_attend_cuda(tkvk_decode_plan *pl, const tkvk_decode_a
     TKVK_CUDA_TRY(launch_pdl(v.fn, dim3(pl->grid / w), dim3(v.threads * w), v.smem * w, s, p));
     TKVK_CUDA_TRY(cudaGetLastError());
     return dec_combine(pl, a, p, p.direct ? kPartsBySlot : kPartsByTask, s);
-}
-
-extern "C" int tkvk_decode_static_cuda(tkvk_decode_plan *pl, const tkvk_decode_args *a,
-                                       int max_kv_len, int num_splits, void *stream)
-{
-    DecParams p;
-    int rc = dec_fill_params(pl, a, "decode_static_cuda", &p);
-    if (rc)
-        return rc;
-    if (max_kv_len < 0 || num_splits < 0)
-        return tkvk__fail(TKVK_EINVAL, "decode_static_cuda: max_kv_len %d / num_splits %d < 0",
-                          max_kv_len, num_splits);
-    if (a->num_requests == 0)
-        return TKVK_OK;
-    int pairs = a->num_requests * p.num_kv_heads;
-    int splits = num_splits ? num_splits
-                            : tkvk__decode_static_splits(pairs, max_kv_len, pl->grid);
-    if ((int64_t)pairs * splits > pl->task_cap)
-        return tkvk__fail(TKVK_EINVAL, "decode_static_cuda: %d pairs x %d splits > workspace %d",
-                          pairs, splits, pl->task_cap);
-    int max_tiles = tkvk__decode_tiles(max_kv_len);
-    p.static_splits = splits;
-    p.static_chunk_tiles = max_tiles > 0 ? (max_tiles + splits - 1) / splits : 1;
-    cudaStream_t s = (cudaStream_t)stream;
-    bool fp8kv = a->layout->kv_dtype == TKVK_DTYPE_FP8_E4M3;
-    AttendVariant v = pick_variant(a->layout->head_dim, fp8kv, p.rows, fp8kv && p.q_fp8,
-                                   g_kernel);
-    if ((rc = dec_set_smem_limits()) != TKVK_OK)
-        return rc;
-    TKVK_CUDA_TRY(launch_pdl(v.fn, dim3(p.num_kv_heads, a->num_requests, splits),
-                             dim3(v.threads), v.smem, s, p));
-    TKVK_CUDA_TRY(cudaGetLastError());
-    return dec_combine(pl, a, p, kPartsStatic, s);
 }
 
 extern "C" void tkvk__decode_kernel(int which)

@@ -27,6 +27,8 @@
 #include "tkvk_cuda.cuh"
 
 
+struct tkvk_decode_plan;
+
 namespace tkvk_dec {
 
 constexpr int kTileTokens = TKVK_DECODE_TILE_TOKENS;
@@ -392,6 +394,15 @@ AttendVariant pick_variant(int head_dim, bool fp8, int rows, bool q8, int which)
 int dec_set_smem_limits(void);
 /* The most shared memory a CTA may opt in to on the current device. */
 int dec_smem_optin(int *optin);
+/* The kernels' parameters for step a on plan pl (a checked; who names the caller in errors). */
+int dec_fill_params(const tkvk_decode_plan *pl, const tkvk_decode_args *a, const char *who,
+                    DecParams *p);
+/* kind: how the attention kernel left its partials: by static split (the fixed-grid baseline,
+ * dev/decode/), by slot (the warp-worker kernel) or by task (the CTA kernel). */
+enum DecParts { kPartsStatic, kPartsBySlot, kPartsByTask };
+/* The combine of step a after its attention kernel. */
+int dec_combine(const tkvk_decode_plan *pl, const tkvk_decode_args *a, const DecParams &p,
+                DecParts kind, cudaStream_t s);
 
 } /* namespace tkvk_dec */
 
