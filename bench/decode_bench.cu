@@ -454,7 +454,8 @@ static Row run(const BenchCase &bc, int hq, int hkv, int q_len, cudaStream_t s)
             }
             CK(cudaGraphDestroy(g));
         } else {
-            fprintf(stderr, "decode_bench: HPC-Ops setup failed (%s)\n", bc.name);
+            fprintf(stderr, "decode_bench: HPC-Ops not run on %s %d/%d q_len %d (setup refused)\n",
+                    bc.name, hq, hkv, q_len);
         }
     }
 #endif

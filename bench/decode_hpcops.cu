@@ -29,6 +29,13 @@ int hpcops_decode_supported(int group, int q_len)
     return (group == 4 || group == 8) && q_len >= 1 && q_len <= 4;
 }
 
+/* Its partials are [request][CTA][q_len][Hq][128] floats addressed with 32-bit offsets: past
+ * 2^31 elements (e.g. 256 requests of 64/8 heads at q_len 3: 396 CTAs) they wrap and it faults. */
+static int hpcops_parts_fit(const hpcops_decode_args *a, int ctas)
+{
+    return (double)a->num_requests * ctas * a->q_len * a->num_q_heads * 128 < 2147483648.0;
+}
+
 static const int kMinProcessLen = 64, kTileN = 64, kTaskBytes = 48;
 
 hpcops_decode *hpcops_decode_create(const hpcops_decode_args *a, cudaStream_t s)
@@ -41,6 +48,10 @@ hpcops_decode *hpcops_decode_create(const hpcops_decode_args *a, cudaStream_t s)
     h->a = *a;
     const int sms = hpc::get_sm_count();
     h->ctas = dec::dynamic::kCtaPerSmMap.at(9)[a->q_len - 1] * sms;
+    if (!hpcops_parts_fit(a, h->ctas)) {
+        free(h);
+        return NULL;
+    }
     /* the workspace: the same sizes and header words as its Python allocator */
     const long long max_ctas = (long long)sms * 4;
     const long long tiles =

@@ -29,7 +29,8 @@ typedef struct hpcops_decode hpcops_decode;
 
 /* 1 when HPC-Ops runs this shape (group 4 or 8, query length 1..4), else 0. */
 int hpcops_decode_supported(int group, int q_len);
-/* Allocates its workspaces and computes its task map (on s, synchronised); NULL on failure. */
+/* Allocates its workspaces and computes its task map (on s, synchronised); NULL on failure or
+ * where its partials' 32-bit offsets would wrap (large batches of many heads). */
 hpcops_decode *hpcops_decode_create(const hpcops_decode_args *a, cudaStream_t s);
 /* Enqueues attention + combine on s (capturable). 0 on success. */
 int hpcops_decode_run(hpcops_decode *h, cudaStream_t s);
