@@ -240,16 +240,17 @@ int kvc_abort(kvc_client *c, uint64_t alloc_id);
  * stream). There is no daemon round trip per layer: the daemon is asked only for slots
  * (kvc_alloc_tier), to publish them (kvc_commit) and to pin/move hits (lookup, prefetch,
  * wait). Block ids are slot numbers in a tier's pool: byte offset / pool stride (L2: the
- * page-rounded slot stride; L1: kvc_block_bytes()). The arithmetic of the prologue and the
- * attention is described in docs/design.md ("The engine side of the GPU tier").
+ * page-rounded slot stride; L1: kvc_block_bytes()). The kernels' arithmetic (the prologue's
+ * float operations, the attention's split and merge) is described in docs/design.md.
  *
  * ABI: the parameter structs below are libkvclient's own (the kernels' structs never cross
  * this header), and each starts with struct_size. Fill one with its kvc_*_init(p, sizeof *p)
  * before setting fields: the library reads only the first struct_size bytes and treats the
  * fields it has and the caller's struct lacks as their defaults, so a program built against
  * this header keeps working with a later libkvclient whose structs have grown. A struct_size
- * below this version's size or above what the library knows with non-zero bytes past its end
- * is refused with KVC_EINVAL.
+ * below the struct's first version (the one in this header), or one larger than the library
+ * knows with a non-zero byte past what it knows (a field it cannot honour), is refused with
+ * KVC_EINVAL.
  *
  * Device memory: L1 is one cudaMalloc chunk of the daemon, opened at connect (on the device
  * whose PCI bus id the daemon announced; the caller's current device is left as it was).
@@ -283,9 +284,9 @@ typedef struct kvc_layout {
 } kvc_layout;
 
 /* The layout of the client's geometry with block_stride = that tier's pool stride; fills the
- * first out->struct_size bytes (which the caller sets). KVC_EINVAL for a tier other than
- * L1/L2 or a struct_size below this version's; KVC_EUNSUPPORTED when the geometry is outside
- * the kernels' shapes. Works without attaching (it is arithmetic). */
+ * first out->struct_size bytes (which the caller sets to sizeof *out). KVC_EINVAL for a tier
+ * other than L1/L2 or a struct_size below the first version's; KVC_EUNSUPPORTED when the
+ * geometry is outside the kernels' shapes. Works without attaching (it is arithmetic). */
 int kvc_pool_layout(const kvc_client *c, int tier, kvc_layout *out);
 /* Block 0 of the tier's pool: L2 the host mapping (read-only unless trusted), L1 a device
  * pointer. NULL with kvc_last_error() set when that pool is not mapped here. */
@@ -339,8 +340,8 @@ typedef struct kvc_store_params {
     const int64_t *req_last_slot; /* [num_reqs]: slot of each request's last token, or -1 */
 } kvc_store_params;
 
-/* Zeroes the first struct_size bytes of *p, then sets struct_size and the defaults above
- * that fit. KVC_EINVAL when p is NULL or struct_size is below this version's size. */
+/* Zeroes the first struct_size bytes of *p (pass sizeof *p), then sets struct_size and the
+ * defaults above. KVC_EINVAL when p is NULL or struct_size is below the first version's. */
 int kvc_store_params_init(kvc_store_params *p, size_t struct_size);
 
 /* Runs the prologue of *p into the tier's pool, on stream (L1: a cudaStream_t of the pool's
