@@ -12,6 +12,7 @@
 
 #include "kvc_internal.h"
 #include "kvclient.h"
+#include "tkv_base.h"
 #include "tkv_kernels.h"
 
 /* The sizes of the structs' first versions: what every caller must pass at least. When a
@@ -285,9 +286,7 @@ int kvc_plan_create(const kvc_client *c, int max_requests, int num_q_heads, int 
                             "%d KV heads with a group <= 16", max_requests, num_q_heads,
                             max_q_len, lay.num_kv_heads);
 #ifdef TKVK_HAVE_CUDA
-    kvc_plan *pl = calloc(1, sizeof(*pl));
-    if (!pl)
-        return tkv_kvc_fail(KVC_EINTERNAL, "out of memory");
+    kvc_plan *pl = tkv_xcalloc(1, sizeof(*pl)); /* the project's one out-of-memory policy */
     int rows = num_q_heads / lay.num_kv_heads * max_q_len;
     int krc = tkvk_decode_plan_create(&pl->k, max_requests, lay.num_kv_heads, rows,
                                       lay.head_dim);
