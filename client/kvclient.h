@@ -45,8 +45,9 @@
 extern "C" {
 #endif
 
+/* 0.2: the engine side takes libkvclient's own versioned structs (kvc_store_params, ...) */
 #define KVC_VERSION_MAJOR 0
-#define KVC_VERSION_MINOR 1
+#define KVC_VERSION_MINOR 2
 
 /* ---- status codes ----------------------------------------------------------------------- */
 enum {
