@@ -19,7 +19,7 @@ query lengths above 1).
 FlashInfer compiles its kernels on first use (nvcc, a minute or more per kernel); those
 compilations happen before any timing. Its wheels come from scripts/peer-wheels.
 
-Usage: python3 bench/flashinfer_decode.py [--out FILE]   (JSON list; feed it to
+Usage: python3 bench/flashinfer_decode.py [--out FILE] [--qlens a,b,...]   (JSON list; feed it to
 decode_bench --peer FILE). Exit 77 when flashinfer or a GPU is missing.
 """
 import argparse
@@ -121,7 +121,10 @@ def run_case(flashinfer, torch, parts, hq, hkv, q_len, tensor_cores):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="-")
+    ap.add_argument("--qlens", default=",".join(map(str, Q_LENS)),
+                    help="query lengths to run, a,b,... (default: decode_bench's)")
     args = ap.parse_args()
+    q_lens = [int(x) for x in args.qlens.split(",")]
     try:
         import torch
         import flashinfer
@@ -132,7 +135,7 @@ def main():
         print("flashinfer_decode: no GPU; skipped", file=sys.stderr)
         return 77
     rows = []
-    for q_len in Q_LENS:
+    for q_len in q_lens:
         for hq, hkv in HEADS:
             for name, parts in CASES:
                 us, kernel = None, None
