@@ -1,4 +1,4 @@
-/* decode_internal.h - what decode.c and decode.cu share (not public).
+/* decode_internal.h - what decode.c, the decode*.cu files and dev/decode/ share (not public).
  *
  * The argument checks are one function so the CPU and the CUDA entry points refuse exactly
  * the same shapes with the same sentences. */

@@ -185,8 +185,9 @@ int tkvk_prologue_cuda(const tkvk_prologue_params *p, void *stream);
 float tkvk_hadamard_scale(int head_dim);
 
 /* ============================================================================================
- * Decode attention: plan / dynamic split / static split / combine / merge states
- * (kernels/decode.c, kernels/decode.cu)
+ * Decode attention: plan / dynamic split / combine / merge states (kernels/decode.c, the CPU
+ * references; kernels/decode*.cu, the GPU: decode_dev.cuh lists the files). The static
+ * split-KV baseline the benchmark compares against is in dev/decode/decode_static.h.
  * ========================================================================================== */
 /* One decode step: every request has the same number q_len of new query tokens (1..8; MTP
  * and speculative verify), already counted in its kv_len. Query token t of a request with
