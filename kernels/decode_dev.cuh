@@ -344,7 +344,7 @@ cudaError_t launch_pdl(void (*fn)(Args...), dim3 grid, dim3 block, size_t smem,
     return cudaLaunchKernelEx(&cfg, fn, args...);
 }
 
-
+/* The combine kernel's parameters (decode_combine.cu). */
 struct CombineParams {
     const float *part_o, *part_lse;
     const int32_t *pair_first, *pair_count; /* NULL: static, splits per pair */
@@ -369,7 +369,6 @@ extern int g_cta_warps;
  * leaves L1 28 KB), eight was as fast or faster on nearly every benchmark case (docs/perf.md). */
 constexpr int kWarpWorkersPerSm = 8;
 
-
 /* decode_cta.cu: the CTA kernel for this shape (NW 8 when wide, past 64 rows; else 4);
  * fn NULL for a head dim / dtype outside the set. */
 AttendVariant dec_cta_variant(int head_dim, bool fp8, bool q8, bool wide);
@@ -388,6 +387,8 @@ cudaError_t dec_plan_set_smem(int optin);
 /* Warp workers of `smem` bytes each that a CTA of `optin` bytes holds, at most `want` and
  * kMaxCtaWarps (at least 1). */
 int dec_fit_warps(size_t smem, int optin, int want);
+/* The attention kernel for a step's shape: the warp-worker kernel for FP8 Q over FP8 KV with
+ * <= 16 rows (<= 32 at D <= 128), else the CTA kernel; which: TKVK__DEC_* (benchmarks). */
 AttendVariant pick_variant(int head_dim, bool fp8, int rows, bool q8, int which);
 /* Once per process for this copy of the kernels: every attention kernel's and the plan
  * kernel's shared-memory limit. */
