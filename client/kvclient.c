@@ -9,6 +9,8 @@
 #include "kvclient.h"
 
 #include <errno.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -276,6 +278,10 @@ struct kvc_client {
     uint32_t blocks_per_msg;     /* payloads per Put/Get message */
     /* attach (data plane) */
     int attach_fd;               /* -1 when not attached */
+    bool fast;                   /* the daemon serves calls on attach_fd (the fast path) */
+    pthread_mutex_t fast_mu;     /* one call at a time on attach_fd; held by that call */
+    uint8_t *fast_buf;           /* reply buffer of the fast path (under fast_mu) */
+    size_t fast_cap;
     uint64_t client_id;
     const uint8_t *pool;         /* PROT_READ mapping of the L2 pool, or NULL */
     uint64_t pool_bytes;
@@ -372,10 +378,10 @@ static int call_status(const char *method, grpc_status_code st, grpc_slice detai
     return fail(code, "%s: grpc status %d: %s", method, (int)st, msg[0] ? msg : "(no message)");
 }
 
-/* One unary call: req -> *resp (unpacked with d; the caller frees it with
- * protobuf_c_message_free_unpacked). timeout_ms 0 = no deadline. */
-static int unary(kvc_client *c, const char *method, const ProtobufCMessage *req,
-                 const ProtobufCMessageDescriptor *d, ProtobufCMessage **resp, uint32_t timeout_ms)
+/* A unary call on the gRPC channel (see unary). */
+static int grpc_unary(kvc_client *c, const char *method, const ProtobufCMessage *req,
+                      const ProtobufCMessageDescriptor *d, ProtobufCMessage **resp,
+                      uint32_t timeout_ms)
 {
     int rc = KVC_OK;
     *resp = NULL;
@@ -437,9 +443,92 @@ fail:
     return rc;
 }
 
+/* The fast path's bound on a reply: the daemon's replies to the calls it carries are far
+ * smaller (a LookupBatch of 256 long prompts is a few MiB). */
+#define kFastMaxReply (64u << 20)
+
+/* A unary call on the attach connection (proto/tkv_attach.h), under c->fast_mu. A broken
+ * connection or a reply that does not arrive in time ends the fast path for this client (a
+ * late reply would answer the next call); calls then take gRPC. */
+static int fast_unary(kvc_client *c, const char *method, uint16_t op, const ProtobufCMessage *req,
+                      const ProtobufCMessageDescriptor *d, ProtobufCMessage **resp,
+                      uint32_t timeout_ms)
+{
+    uint8_t small[2048];
+    size_t n = protobuf_c_message_get_packed_size(req);
+    uint8_t *p = n <= sizeof(small) ? small : tkv_xmalloc(n);
+    protobuf_c_message_pack(req, p);
+    bool sent = tkv_fast_send(c->attach_fd, op, timeout_ms, 0, p, n);
+    if (p != small)
+        free(p);
+    if (!sent) {
+        c->fast = false;
+        return fail(KVC_EUNAVAILABLE, "%s: attach connection lost: %s", method, strerror(errno));
+    }
+    /* the daemon answers a deadline itself; the slack covers its reply on a loaded host */
+    struct pollfd pfd = {.fd = c->attach_fd, .events = POLLIN};
+    int wait_ms = timeout_ms ? (int)(timeout_ms > INT32_MAX - 5000 ? INT32_MAX : timeout_ms + 5000) : -1;
+    int pr;
+    do
+        pr = poll(&pfd, 1, wait_ms);
+    while (pr < 0 && errno == EINTR);
+    tkv_fast_hdr h;
+    size_t len = 0;
+    char why[160] = "no reply in time";
+    if (pr <= 0 || tkv_fast_recv(c->attach_fd, &h, &c->fast_buf, &c->fast_cap, kFastMaxReply, &len,
+                                 why, sizeof(why)) <= 0) {
+        c->fast = false;
+        return fail(pr == 0 ? KVC_ETIMEDOUT : KVC_EUNAVAILABLE, "%s: attach connection: %s",
+                    method, why);
+    }
+    if (h.op != op) {
+        c->fast = false;
+        return fail(KVC_EPROTO, "%s: fast-path reply for call %u", method, h.op);
+    }
+    if (h.status != GRPC_STATUS_OK) {
+        char msg[384];
+        size_t m = len < sizeof(msg) - 1 ? len : sizeof(msg) - 1;
+        memcpy(msg, c->fast_buf, m);
+        msg[m] = '\0';
+        return fail(map_status((grpc_status_code)h.status, msg), "%s: status %d: %s", method,
+                    (int)h.status, msg[0] ? msg : "(no message)");
+    }
+    *resp = protobuf_c_message_unpack(d, NULL, len, c->fast_buf);
+    if (!*resp)
+        return fail(KVC_EPROTO, "%s: reply does not parse as %s", method, d->name);
+    return KVC_OK;
+}
+
+/* One unary call: req -> *resp (unpacked with d; the caller frees it with
+ * protobuf_c_message_free_unpacked). timeout_ms 0 = no deadline. A call the fast path
+ * carries (op != 0) goes on the attach connection when it is attached and free. */
+static int unary(kvc_client *c, const char *method, uint16_t op, const ProtobufCMessage *req,
+                 const ProtobufCMessageDescriptor *d, ProtobufCMessage **resp, uint32_t timeout_ms)
+{
+    *resp = NULL;
+    if (op && c->fast && pthread_mutex_trylock(&c->fast_mu) == 0) {
+        if (c->fast) {
+            int rc = fast_unary(c, method, op, req, d, resp, timeout_ms);
+            pthread_mutex_unlock(&c->fast_mu);
+            return rc;
+        }
+        pthread_mutex_unlock(&c->fast_mu);
+    }
+    return grpc_unary(c, method, req, d, resp, timeout_ms);
+}
+
+/* The fast path's id of each method (0: gRPC only), for UNARY's name. */
+enum {
+    kOp_Lookup = TKV_FAST_LOOKUP, kOp_LookupBatch = TKV_FAST_LOOKUP_BATCH,
+    kOp_Prefetch = TKV_FAST_PREFETCH, kOp_Release = TKV_FAST_RELEASE, kOp_Alloc = TKV_FAST_ALLOC,
+    kOp_WriteSlot = TKV_FAST_WRITE_SLOT, kOp_Commit = TKV_FAST_COMMIT, kOp_Put = TKV_FAST_PUT,
+    kOp_Get = 0, kOp_Stats = 0, kOp_Health = 0, kOp_CostCheck = 0, kOp_Evict = 0, kOp_Flush = 0,
+    kOp_ListBlocks = 0,
+};
+
 #define UNARY(c, name, req, resp_type, resp_desc, resp, tmo)                                  \
-    unary((c), "/tierkv.v1.Cache/" name, (const ProtobufCMessage *)(req), &(resp_desc),       \
-          (ProtobufCMessage **)(resp), (tmo))
+    unary((c), "/tierkv.v1.Cache/" #name, kOp_##name, (const ProtobufCMessage *)(req),       \
+          &(resp_desc), (ProtobufCMessage **)(resp), (tmo))
 
 static void scope_init(kvc_client *c, Tierkv__V1__BlockScope *s)
 {
@@ -538,7 +627,7 @@ static int attach(kvc_client *c, const char *path)
     hello.version = TKV_ATTACH_VERSION;
     memcpy(hello.fingerprint, c->fingerprint, TKV_KEY_BYTES);
     hello.pid = (uint32_t)getpid();
-    hello.flags = c->trusted ? TKV_ATTACH_HELLO_WRITABLE : 0;
+    hello.flags = (c->trusted ? TKV_ATTACH_HELLO_WRITABLE : 0) | TKV_ATTACH_HELLO_FAST;
     if (send(fd, &hello, sizeof(hello), MSG_NOSIGNAL) != (ssize_t)sizeof(hello)) {
         rc = fail(KVC_EATTACH, "send hello to %s: %s", path, strerror(errno));
         goto fail;
@@ -621,6 +710,7 @@ static int attach(kvc_client *c, const char *path)
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &zero, sizeof(zero));
     c->attach_fd = fd;
     c->client_id = reply.client_id;
+    c->fast = (reply.flags & TKV_ATTACH_F_FAST) != 0;
     return KVC_OK;
 fail:
     if (memfd >= 0)
@@ -650,6 +740,7 @@ int kvc_connect(const kvc_opts *o, kvc_client **out)
     grpc_init();
     kvc_client *c = tkv_xcalloc(1, sizeof(*c));
     c->attach_fd = -1;
+    pthread_mutex_init(&c->fast_mu, NULL);
     c->timeout_ms = o->timeout_ms;
     c->lease_ttl_ms = o->lease_ttl_ms;
     c->trusted = o->trusted;
@@ -685,7 +776,7 @@ int kvc_connect(const kvc_opts *o, kvc_client **out)
     /* Stats tells the daemon's geometry: adopt it, or check ours against it now, so a
      * mismatch is one clear error at connect rather than one per call. */
     Tierkv__V1__StatsRequest sreq = TIERKV__V1__STATS_REQUEST__INIT;
-    rc = UNARY(c, "Stats", &sreq, Tierkv__V1__StatsResponse, tierkv__v1__stats_response__descriptor,
+    rc = UNARY(c, Stats, &sreq, Tierkv__V1__StatsResponse, tierkv__v1__stats_response__descriptor,
                &st, c->timeout_ms);
     if (rc != KVC_OK) {
         char why[sizeof(tls_err)];
@@ -766,6 +857,8 @@ void kvc_close(kvc_client *c)
 #endif
     if (c->attach_fd >= 0)
         close(c->attach_fd);
+    pthread_mutex_destroy(&c->fast_mu);
+    free(c->fast_buf);
     if (c->channel)
         grpc_channel_destroy(c->channel);
     free(c->target);
@@ -820,6 +913,33 @@ static int lease_set_locs(kvc_lease *l, Tierkv__V1__BlockLoc **locs, size_t coun
     return KVC_OK;
 }
 
+/* A lease from a Lookup reply for a query of num_tokens tokens; NULL (with the error set)
+ * when the reply does not add up. */
+static kvc_lease *lease_from(kvc_client *c, const Tierkv__V1__LookupResponse *resp,
+                             size_t num_tokens)
+{
+    if (resp->n_blocks != resp->num_hit_blocks ||
+        (resp->num_hit_blocks > 0 && resp->lease_id == 0) ||
+        resp->num_hit_blocks > resp->num_query_blocks ||
+        (uint64_t)resp->num_query_blocks * c->block_tokens > num_tokens) {
+        fail(KVC_EPROTO, "Lookup reply inconsistent: %u hit blocks, %zu locations, "
+             "%u query blocks, lease %llu", resp->num_hit_blocks, resp->n_blocks,
+             resp->num_query_blocks, (unsigned long long)resp->lease_id);
+        return NULL;
+    }
+    kvc_lease *l = tkv_xcalloc(1, sizeof(*l));
+    l->id = resp->lease_id;
+    l->num_blocks = resp->num_hit_blocks;
+    l->num_query_blocks = resp->num_query_blocks;
+    l->tier = tkv_xcalloc(l->num_blocks + 1, 1);
+    l->in_l2 = tkv_xcalloc(l->num_blocks + 1, 1);
+    l->l2_offset = tkv_xcalloc(l->num_blocks + 1, sizeof(uint64_t));
+    l->in_l1 = tkv_xcalloc(l->num_blocks + 1, 1);
+    l->l1_offset = tkv_xcalloc(l->num_blocks + 1, sizeof(uint64_t));
+    lease_set_locs(l, resp->blocks, resp->n_blocks);
+    return l;
+}
+
 int kvc_lookup(kvc_client *c, const uint32_t *tokens, size_t num_tokens, uint32_t ttl_ms,
                kvc_lease **out)
 {
@@ -837,33 +957,72 @@ int kvc_lookup(kvc_client *c, const uint32_t *tokens, size_t num_tokens, uint32_
     req.tokens = (uint32_t *)tokens;
     req.lease_ttl_ms = ttl_ms ? ttl_ms : c->lease_ttl_ms;
     Tierkv__V1__LookupResponse *resp = NULL;
-    rc = UNARY(c, "Lookup", &req, Tierkv__V1__LookupResponse,
+    rc = UNARY(c, Lookup, &req, Tierkv__V1__LookupResponse,
                tierkv__v1__lookup_response__descriptor, &resp, c->timeout_ms);
     if (rc != KVC_OK)
         return rc;
-    if (resp->n_blocks != resp->num_hit_blocks ||
-        (resp->num_hit_blocks > 0 && resp->lease_id == 0) ||
-        resp->num_hit_blocks > resp->num_query_blocks ||
-        (uint64_t)resp->num_query_blocks * c->block_tokens > num_tokens) {
-        rc = fail(KVC_EPROTO, "Lookup reply inconsistent: %u hit blocks, %zu locations, "
-                  "%u query blocks, lease %llu", resp->num_hit_blocks, resp->n_blocks,
-                  resp->num_query_blocks, (unsigned long long)resp->lease_id);
-        protobuf_c_message_free_unpacked(&resp->base, NULL);
-        return rc;
-    }
-    kvc_lease *l = tkv_xcalloc(1, sizeof(*l));
-    l->id = resp->lease_id;
-    l->num_blocks = resp->num_hit_blocks;
-    l->num_query_blocks = resp->num_query_blocks;
-    l->tier = tkv_xcalloc(l->num_blocks + 1, 1);
-    l->in_l2 = tkv_xcalloc(l->num_blocks + 1, 1);
-    l->l2_offset = tkv_xcalloc(l->num_blocks + 1, sizeof(uint64_t));
-    l->in_l1 = tkv_xcalloc(l->num_blocks + 1, 1);
-    l->l1_offset = tkv_xcalloc(l->num_blocks + 1, sizeof(uint64_t));
-    lease_set_locs(l, resp->blocks, resp->n_blocks);
+    *out = lease_from(c, resp, num_tokens);
     protobuf_c_message_free_unpacked(&resp->base, NULL);
-    *out = l;
-    return KVC_OK;
+    return *out ? KVC_OK : KVC_EPROTO;
+}
+
+int kvc_lookup_batch(kvc_client *c, const uint32_t *const *tokens, const size_t *num_tokens,
+                     size_t num_prompts, uint32_t ttl_ms, kvc_lease **out)
+{
+    if (!c || !out || (num_prompts && (!tokens || !num_tokens)))
+        return fail(KVC_EINVAL, "client, tokens, num_tokens or out is NULL");
+    if (num_prompts > 256)
+        return fail(KVC_EINVAL, "%zu prompts in one batch, at most 256", num_prompts);
+    int rc = KVC_OK;
+    for (size_t i = 0; i < num_prompts && rc == KVC_OK; i++)
+        rc = check_tokens(c, tokens[i], num_tokens[i]);
+    if (rc != KVC_OK)
+        return rc;
+    Tierkv__V1__LookupBatchRequest req = TIERKV__V1__LOOKUP_BATCH_REQUEST__INIT;
+    Tierkv__V1__BlockScope scope;
+    scope_init(c, &scope);
+    req.scope = &scope;
+    Tierkv__V1__Prompt *prompts = tkv_xcalloc(num_prompts + 1, sizeof(*prompts));
+    Tierkv__V1__Prompt **ptrs = tkv_xcalloc(num_prompts + 1, sizeof(*ptrs));
+    for (size_t i = 0; i < num_prompts; i++) {
+        tierkv__v1__prompt__init(&prompts[i]);
+        prompts[i].n_tokens = num_tokens[i];
+        prompts[i].tokens = (uint32_t *)tokens[i];
+        ptrs[i] = &prompts[i];
+    }
+    req.n_prompts = num_prompts;
+    req.prompts = ptrs;
+    req.lease_ttl_ms = ttl_ms ? ttl_ms : c->lease_ttl_ms;
+    Tierkv__V1__LookupBatchResponse *resp = NULL;
+    rc = UNARY(c, LookupBatch, &req, Tierkv__V1__LookupBatchResponse,
+               tierkv__v1__lookup_batch_response__descriptor, &resp, c->timeout_ms);
+    free(prompts);
+    free(ptrs);
+    if (rc != KVC_OK)
+        return rc;
+    size_t done = 0;
+    if (resp->n_results != num_prompts)
+        rc = fail(KVC_EPROTO, "LookupBatch answered %zu results for %zu prompts", resp->n_results,
+                  num_prompts);
+    for (; rc == KVC_OK && done < num_prompts; done++) {
+        out[done] = lease_from(c, resp->results[done], num_tokens[done]);
+        if (!out[done])
+            rc = KVC_EPROTO;
+    }
+    if (rc != KVC_OK) { /* all or nothing: release what the daemon granted */
+        for (size_t i = 0; i < resp->n_results; i++) {
+            if (i < done) {
+                kvc_release(c, out[i]);
+                out[i] = NULL;
+            } else if (resp->results[i]->lease_id) {
+                kvc_lease *l = tkv_xcalloc(1, sizeof(*l));
+                l->id = resp->results[i]->lease_id;
+                kvc_release(c, l);
+            }
+        }
+    }
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return rc;
 }
 
 uint64_t kvc_lease_id(const kvc_lease *l) { return l ? l->id : 0; }
@@ -898,7 +1057,7 @@ int kvc_release(kvc_client *c, kvc_lease *l)
         Tierkv__V1__ReleaseRequest req = TIERKV__V1__RELEASE_REQUEST__INIT;
         req.lease_id = l->id;
         Tierkv__V1__ReleaseResponse *resp = NULL;
-        rc = UNARY(c, "Release", &req, Tierkv__V1__ReleaseResponse,
+        rc = UNARY(c, Release, &req, Tierkv__V1__ReleaseResponse,
                    tierkv__v1__release_response__descriptor, &resp, c->timeout_ms);
         if (resp)
             protobuf_c_message_free_unpacked(&resp->base, NULL);
@@ -925,7 +1084,7 @@ static int prefetch_call(kvc_client *c, kvc_lease *l, int tier, bool wait, uint3
     Tierkv__V1__PrefetchResponse *resp = NULL;
     /* the RPC deadline leaves the daemon room to answer DEADLINE_EXCEEDED itself */
     uint32_t rpc_ms = !wait ? c->timeout_ms : timeout_ms ? timeout_ms + c->timeout_ms : 0;
-    int rc = UNARY(c, "Prefetch", &req, Tierkv__V1__PrefetchResponse,
+    int rc = UNARY(c, Prefetch, &req, Tierkv__V1__PrefetchResponse,
                    tierkv__v1__prefetch_response__descriptor, &resp, rpc_ms);
     if (rc != KVC_OK)
         return rc;
@@ -978,7 +1137,7 @@ int kvc_cost_check(kvc_client *c, const kvc_lease *l, double prefill_ms, int tie
     req.prefill_ms = prefill_ms;
     req.tier = (Tierkv__V1__Tier)tier;
     Tierkv__V1__CostCheckResponse *r = NULL;
-    int rc = UNARY(c, "CostCheck", &req, Tierkv__V1__CostCheckResponse,
+    int rc = UNARY(c, CostCheck, &req, Tierkv__V1__CostCheckResponse,
                    tierkv__v1__cost_check_response__descriptor, &r, c->timeout_ms);
     if (rc != KVC_OK)
         return rc;
@@ -1019,7 +1178,7 @@ static int get_by_value(kvc_client *c, const kvc_lease *l, uint32_t first, uint3
         req.first = first;
         req.count = n;
         Tierkv__V1__GetResponse *resp = NULL;
-        int rc = UNARY(c, "Get", &req, Tierkv__V1__GetResponse,
+        int rc = UNARY(c, Get, &req, Tierkv__V1__GetResponse,
                        tierkv__v1__get_response__descriptor, &resp, c->timeout_ms);
         if (rc != KVC_OK)
             return rc;
@@ -1126,7 +1285,7 @@ int kvc_put(kvc_client *c, const uint32_t *tokens, size_t num_tokens, uint32_t f
         }
         req.blocks = bins;
         Tierkv__V1__PutResponse *resp = NULL;
-        rc = UNARY(c, "Put", &req, Tierkv__V1__PutResponse, tierkv__v1__put_response__descriptor,
+        rc = UNARY(c, Put, &req, Tierkv__V1__PutResponse, tierkv__v1__put_response__descriptor,
                    &resp, c->timeout_ms);
         if (rc != KVC_OK)
             break;
@@ -1163,7 +1322,7 @@ int kvc_alloc_tier(kvc_client *c, int tier, uint32_t num_blocks, uint64_t *alloc
     req.num_blocks = num_blocks;
     req.tier = (Tierkv__V1__Tier)tier;
     Tierkv__V1__AllocResponse *resp = NULL;
-    int rc = UNARY(c, "Alloc", &req, Tierkv__V1__AllocResponse,
+    int rc = UNARY(c, Alloc, &req, Tierkv__V1__AllocResponse,
                    tierkv__v1__alloc_response__descriptor, &resp, c->timeout_ms);
     if (rc != KVC_OK)
         return rc;
@@ -1191,7 +1350,7 @@ int kvc_write(kvc_client *c, uint64_t alloc_id, uint32_t index, const void *payl
     req.payload.data = (uint8_t *)payload;
     req.payload.len = len;
     Tierkv__V1__WriteSlotResponse *resp = NULL;
-    int rc = UNARY(c, "WriteSlot", &req, Tierkv__V1__WriteSlotResponse,
+    int rc = UNARY(c, WriteSlot, &req, Tierkv__V1__WriteSlotResponse,
                    tierkv__v1__write_slot_response__descriptor, &resp, c->timeout_ms);
     if (resp)
         protobuf_c_message_free_unpacked(&resp->base, NULL);
@@ -1221,7 +1380,7 @@ int kvc_commit(kvc_client *c, uint64_t alloc_id, const uint32_t *tokens, size_t 
     req.first_block = first_block;
     req.num_blocks = num_blocks;
     Tierkv__V1__CommitResponse *resp = NULL;
-    rc = UNARY(c, "Commit", &req, Tierkv__V1__CommitResponse,
+    rc = UNARY(c, Commit, &req, Tierkv__V1__CommitResponse,
                tierkv__v1__commit_response__descriptor, &resp, c->timeout_ms);
     if (rc != KVC_OK)
         return rc;
@@ -1240,7 +1399,7 @@ int kvc_abort(kvc_client *c, uint64_t alloc_id)
     Tierkv__V1__ReleaseRequest req = TIERKV__V1__RELEASE_REQUEST__INIT;
     req.alloc_id = alloc_id;
     Tierkv__V1__ReleaseResponse *resp = NULL;
-    int rc = UNARY(c, "Release", &req, Tierkv__V1__ReleaseResponse,
+    int rc = UNARY(c, Release, &req, Tierkv__V1__ReleaseResponse,
                    tierkv__v1__release_response__descriptor, &resp, c->timeout_ms);
     if (resp)
         protobuf_c_message_free_unpacked(&resp->base, NULL);
@@ -1257,7 +1416,7 @@ int kvc_stats_get(kvc_client *c, kvc_stats *out)
         return fail(KVC_EINVAL, "client or out is NULL");
     Tierkv__V1__StatsRequest req = TIERKV__V1__STATS_REQUEST__INIT;
     Tierkv__V1__StatsResponse *r = NULL;
-    int rc = UNARY(c, "Stats", &req, Tierkv__V1__StatsResponse,
+    int rc = UNARY(c, Stats, &req, Tierkv__V1__StatsResponse,
                    tierkv__v1__stats_response__descriptor, &r, c->timeout_ms);
     if (rc != KVC_OK)
         return rc;
@@ -1317,7 +1476,7 @@ int kvc_health_get(kvc_client *c, kvc_health *out)
         return fail(KVC_EINVAL, "client or out is NULL");
     Tierkv__V1__HealthRequest req = TIERKV__V1__HEALTH_REQUEST__INIT;
     Tierkv__V1__HealthResponse *r = NULL;
-    int rc = UNARY(c, "Health", &req, Tierkv__V1__HealthResponse,
+    int rc = UNARY(c, Health, &req, Tierkv__V1__HealthResponse,
                    tierkv__v1__health_response__descriptor, &r, c->timeout_ms);
     if (rc != KVC_OK)
         return rc;
@@ -1358,7 +1517,7 @@ int kvc_list_blocks(kvc_client *c, int tier, uint32_t limit, kvc_block_fn fn, vo
     req.limit = limit;
     req.tier = (Tierkv__V1__Tier)tier;
     Tierkv__V1__ListBlocksResponse *r = NULL;
-    int rc = UNARY(c, "ListBlocks", &req, Tierkv__V1__ListBlocksResponse,
+    int rc = UNARY(c, ListBlocks, &req, Tierkv__V1__ListBlocksResponse,
                    tierkv__v1__list_blocks_response__descriptor, &r, c->timeout_ms);
     if (rc != KVC_OK)
         return rc;
@@ -1400,7 +1559,7 @@ int kvc_evict(kvc_client *c, int tier, const uint32_t *tokens, size_t num_tokens
     req.n_tokens = num_tokens;
     req.tokens = (uint32_t *)tokens;
     Tierkv__V1__EvictResponse *r = NULL;
-    rc = UNARY(c, "Evict", &req, Tierkv__V1__EvictResponse, tierkv__v1__evict_response__descriptor,
+    rc = UNARY(c, Evict, &req, Tierkv__V1__EvictResponse, tierkv__v1__evict_response__descriptor,
                &r, c->timeout_ms);
     if (rc != KVC_OK)
         return rc;
@@ -1419,7 +1578,7 @@ int kvc_flush(kvc_client *c)
     Tierkv__V1__FlushRequest req = TIERKV__V1__FLUSH_REQUEST__INIT;
     Tierkv__V1__FlushResponse *r = NULL;
     /* a flush waits for the disk: give it more than one ordinary call */
-    int rc = UNARY(c, "Flush", &req, Tierkv__V1__FlushResponse,
+    int rc = UNARY(c, Flush, &req, Tierkv__V1__FlushResponse,
                    tierkv__v1__flush_response__descriptor, &r, c->timeout_ms * 6);
     if (r)
         protobuf_c_message_free_unpacked(&r->base, NULL);

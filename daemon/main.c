@@ -33,6 +33,7 @@
 #include "tkvd_http.h"
 #include "tkvd_metrics.h"
 #include "tkvd_server.h"
+#include "tkvd_fastpath.h"
 #include "tkvd_service.h"
 
 #ifndef TKVD_VERSION
@@ -466,6 +467,7 @@ int main(int argc, char **argv)
     svc.rates.l3_read_gbps = cfg.l3_read_mbps / 1000.0;
     atomic_init(&svc.stopping, false);
     atomic_init(&svc.abort_waits, false);
+    tkvd_fast_enable(&svc);
 
     tkvd_server_opts sopts = {
         .unix_path = cfg.grpc_socket,

@@ -67,8 +67,8 @@ typedef struct tkvd_call {
     /* outcome */
     grpc_status_code code;   /* GRPC_STATUS_OK unless the call failed */
     char msg[256];           /* one-line reason when code != OK */
-    void *scratch[8];        /* reply allocations, freed after packing */
-    size_t num_scratch;
+    void **scratch;          /* reply allocations, freed after packing */
+    size_t num_scratch, cap_scratch;
 } tkvd_call;
 
 /* Ids of the calls the attach fast path carries (proto/tkv_attach.h TKV_FAST_*) map to the
