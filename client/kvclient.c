@@ -32,6 +32,7 @@
 
 #include "tierkv.pb-c.h"
 #include "tkv_attach.h"
+#include "tkv_fast.h"
 #include "tkv_base.h"
 #include "tkv_keys.h"
 #include "tkv_kernels.h"
@@ -454,18 +455,28 @@ static int fast_unary(kvc_client *c, const char *method, uint16_t op, const Prot
                       const ProtobufCMessageDescriptor *d, ProtobufCMessage **resp,
                       uint32_t timeout_ms)
 {
-    uint8_t small[2048];
-    size_t n = protobuf_c_message_get_packed_size(req);
-    uint8_t *p = n <= sizeof(small) ? small : tkv_xmalloc(n);
-    protobuf_c_message_pack(req, p);
-    bool sent = tkv_fast_send(c->attach_fd, op, timeout_ms, 0, p, n);
-    if (p != small)
+    /* lookups go in the lean encoding (tokens as they are), the rest as protobuf */
+    bool lean = op == TKV_FAST_LOOKUP || op == TKV_FAST_LOOKUP_BATCH;
+    size_t n = lean ? tkv_fast_lean_size(req) : 0;
+    lean = n > 0;
+    if (!lean)
+        n = protobuf_c_message_get_packed_size(req);
+    uint32_t small[1024];
+    uint8_t *p = n <= sizeof(small) ? (uint8_t *)small : tkv_xmalloc(n);
+    if (lean)
+        tkv_fast_lean_encode(req, p);
+    else
+        protobuf_c_message_pack(req, p);
+    bool sent = tkv_fast_send(c->attach_fd, op, lean ? TKV_FAST_LEAN : 0, timeout_ms, 0, p, n);
+    if (p != (uint8_t *)small)
         free(p);
     if (!sent) {
         c->fast = false;
         return fail(KVC_EUNAVAILABLE, "%s: attach connection lost: %s", method, strerror(errno));
     }
-    /* the daemon answers a deadline itself; the slack covers its reply on a loaded host */
+    /* The daemon answers a deadline itself; the slack covers its reply on a loaded host. (A
+     * spin before sleeping gained 2 us of a 14 us round trip and cost 40% of the lookups/s of
+     * 4 threads on 2 cores: no spin.) */
     struct pollfd pfd = {.fd = c->attach_fd, .events = POLLIN};
     int wait_ms = timeout_ms ? (int)(timeout_ms > INT32_MAX - 5000 ? INT32_MAX : timeout_ms + 5000) : -1;
     int pr;

@@ -10,7 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "tkv_attach.h"
+#include "tkv_fast.h"
 #include "tkv_base.h"
 
 typedef struct fconn {
@@ -50,6 +50,7 @@ static void *serve_main(void *arg)
     snprintf(peer.addr, sizeof(peer.addr), "attach:pid=%u", peer.pid);
     uint8_t *buf = NULL;
     size_t cap = 0;
+    tkv_fast_lookup *lean = tkv_xmalloc(sizeof(*lean)); /* ~14 KiB: not on the stack */
     for (;;) {
         tkv_fast_hdr h = {0};
         size_t len = 0;
@@ -64,14 +65,14 @@ static void *serve_main(void *arg)
         if (r < 0) {
             TKV_LOG(TKV_LOG_INFO, "fast path: client %llu: %s; closing its connection",
                     (unsigned long long)c->client_id, why);
-            tkv_fast_send(c->fd, h.op, 0, GRPC_STATUS_INVALID_ARGUMENT, (const uint8_t *)why, strlen(why));
+            tkv_fast_send(c->fd, h.op, 0, 0, GRPC_STATUS_INVALID_ARGUMENT, (const uint8_t *)why, strlen(why));
             break;
         }
         int method = tkvd_service_fast_method(h.op);
         bool sent;
         if (method < 0) {
             snprintf(why, sizeof(why), "fast path: unknown call %u", h.op);
-            sent = tkv_fast_send(c->fd, h.op, 0, GRPC_STATUS_UNIMPLEMENTED, (const uint8_t *)why, strlen(why));
+            sent = tkv_fast_send(c->fd, h.op, 0, 0, GRPC_STATUS_UNIMPLEMENTED, (const uint8_t *)why, strlen(why));
         } else {
             tkvd_call k;
             memset(&k, 0, sizeof(k));
@@ -79,14 +80,23 @@ static void *serve_main(void *arg)
             k.timeout_ms = h.timeout_ms ? (int)(h.timeout_ms > INT32_MAX ? INT32_MAX : h.timeout_ms) : -1;
             uint8_t *rsp = NULL;
             size_t rsp_len = 0;
-            tkvd_service_dispatch(f->svc, &k, method, buf, len, &rsp, &rsp_len);
+            if (h.flags & TKV_FAST_LEAN) {
+                const ProtobufCMessage *rq = tkv_fast_lean_decode(h.op, buf, len, lean, k.msg,
+                                                                  sizeof(k.msg));
+                if (rq)
+                    tkvd_service_call(f->svc, &k, method, rq, &rsp, &rsp_len);
+                else
+                    k.code = GRPC_STATUS_INVALID_ARGUMENT;
+            } else {
+                tkvd_service_dispatch(f->svc, &k, method, buf, len, &rsp, &rsp_len);
+            }
             tkvd_metrics *m = f->svc->metrics;
             atomic_fetch_add_explicit(&m->rpc_total, 1, memory_order_relaxed);
             if (k.code == GRPC_STATUS_OK) {
-                sent = tkv_fast_send(c->fd, h.op, 0, 0, rsp, rsp_len);
+                sent = tkv_fast_send(c->fd, h.op, 0, 0, 0, rsp, rsp_len);
             } else {
                 atomic_fetch_add_explicit(&m->rpc_errors, 1, memory_order_relaxed);
-                sent = tkv_fast_send(c->fd, h.op, 0, k.code, (const uint8_t *)k.msg, strlen(k.msg));
+                sent = tkv_fast_send(c->fd, h.op, 0, 0, k.code, (const uint8_t *)k.msg, strlen(k.msg));
             }
             free(rsp);
         }
@@ -100,6 +110,7 @@ static void *serve_main(void *arg)
         }
     }
     free(buf);
+    free(lean);
     pthread_mutex_lock(&f->mu);
     c->ended = true;
     pthread_mutex_unlock(&f->mu);

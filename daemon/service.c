@@ -1002,21 +1002,16 @@ static bool check_request_tokens(tkvd_call *k, const handler *h, const ProtobufC
     return check_tokens(k, *(const size_t *)((const uint8_t *)rq + f->quantifier_offset));
 }
 
-void tkvd_service_dispatch(tkvd_service *svc, tkvd_call *k, int method, const uint8_t *req,
-                           size_t len, uint8_t **rsp, size_t *rsp_len)
+void tkvd_service_call(tkvd_service *svc, tkvd_call *k, int method, const ProtobufCMessage *rq,
+                       uint8_t **rsp, size_t *rsp_len)
 {
     TKV_ASSERT(method >= 0 && (size_t)method < kNumHandlers);
     const handler *h = &kHandlers[method];
+    TKV_ASSERT(rq->descriptor == h->req);
     k->svc = svc;
     k->code = GRPC_STATUS_OK;
     *rsp = NULL;
     *rsp_len = 0;
-    ProtobufCMessage *rq = protobuf_c_message_unpack(h->req, NULL, len, req);
-    if (!rq) {
-        fail_with(k, GRPC_STATUS_INVALID_ARGUMENT, "malformed %s: %zu bytes are not a valid "
-                  "protobuf message", h->req->short_name, len);
-        return;
-    }
     const Tierkv__V1__BlockScope *scope = request_scope(h, rq);
     bool scoped = (h->flags & kScope) || ((h->flags & kScopeIfSet) && scope);
     if (scoped && check_scope(k, scope))
@@ -1040,6 +1035,23 @@ void tkvd_service_dispatch(tkvd_service *svc, tkvd_call *k, int method, const ui
     free(k->scratch);
     k->scratch = NULL;
     k->num_scratch = k->cap_scratch = 0;
+}
+
+void tkvd_service_dispatch(tkvd_service *svc, tkvd_call *k, int method, const uint8_t *req,
+                           size_t len, uint8_t **rsp, size_t *rsp_len)
+{
+    TKV_ASSERT(method >= 0 && (size_t)method < kNumHandlers);
+    const handler *h = &kHandlers[method];
+    *rsp = NULL;
+    *rsp_len = 0;
+    ProtobufCMessage *rq = protobuf_c_message_unpack(h->req, NULL, len, req);
+    if (!rq) {
+        k->svc = svc;
+        fail_with(k, GRPC_STATUS_INVALID_ARGUMENT, "malformed %s: %zu bytes are not a valid "
+                  "protobuf message", h->req->short_name, len);
+        return;
+    }
+    tkvd_service_call(svc, k, method, rq, rsp, rsp_len);
     protobuf_c_message_free_unpacked(rq, NULL);
 }
 

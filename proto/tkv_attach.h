@@ -100,17 +100,4 @@ typedef struct tkv_fast_hdr {
     uint32_t reserved;       /* 0 */
 } tkv_fast_hdr;
 
-#include <stdbool.h>
-#include <stddef.h>
-
-/* Receives one message on a blocking SEQPACKET socket into *buf (grown with realloc to the
- * message's length, which may be at most max; *cap is its size). Returns 1 with *hdr (the
- * first record's header) and *len set; 0 when the peer closed the connection; -1 on a
- * malformed message or a failed call, with the reason in why. */
-int tkv_fast_recv(int fd, tkv_fast_hdr *hdr, uint8_t **buf, size_t *cap, size_t max, size_t *len,
-                  char *why, size_t why_cap);
-/* Sends one message (payload p, len bytes) as records. False when the peer is gone. */
-bool tkv_fast_send(int fd, uint16_t op, uint32_t timeout_ms, int32_t status, const uint8_t *p,
-                   size_t len);
-
 #endif
