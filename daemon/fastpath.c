@@ -38,6 +38,7 @@ static void *serve_main(void *arg)
 {
     fconn *c = arg;
     tkvd_fast *f = c->f;
+    pthread_setname_np(pthread_self(), "tkvd-fast"); /* tests and operators count these */
     tkvd_peer peer = {.kind = TKVD_PEER_ATTACH, .attach_id = c->client_id};
     struct ucred cred;
     socklen_t cl = sizeof(cred);
