@@ -9,7 +9,6 @@
 #include "kvclient.h"
 
 #include <errno.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -277,6 +276,7 @@ struct kvc_client {
     pthread_mutex_t fast_mu;     /* one call at a time on attach_fd; held by that call */
     uint8_t *fast_buf;           /* reply buffer of the fast path (under fast_mu) */
     size_t fast_cap;
+    uint32_t fast_wait_ms;       /* attach_fd's receive timeout now (0 = none) */
     uint64_t client_id;
     const uint8_t *pool;         /* PROT_READ mapping of the L2 pool, or NULL */
     uint64_t pool_bytes;
@@ -483,23 +483,28 @@ static int fast_unary(kvc_client *c, const char *method, uint16_t op, const Prot
         c->fast = false;
         return fail(KVC_EUNAVAILABLE, "%s: attach connection lost: %s", method, strerror(errno));
     }
-    /* The daemon answers a deadline itself; the slack covers its reply on a loaded host. (A
-     * spin before sleeping gained 2 us of a 14 us round trip and cost 40% of the lookups/s of
-     * 4 threads on 2 cores: no spin.) */
-    struct pollfd pfd = {.fd = c->attach_fd, .events = POLLIN};
-    int wait_ms = timeout_ms ? (int)(timeout_ms > INT32_MAX - 5000 ? INT32_MAX : timeout_ms + 5000) : -1;
-    int pr;
-    do
-        pr = poll(&pfd, 1, wait_ms);
-    while (pr < 0 && errno == EINTR);
+    /* The daemon answers a deadline itself; the slack covers its reply on a loaded host. The
+     * wait is the socket's receive timeout, set only when it changes: one syscall fewer per
+     * call than a poll. (A spin before sleeping gained 2 us of a 14 us round trip and cost 40%
+     * of the lookups/s of 4 threads on 2 cores: no spin.) */
+    uint32_t wait_ms = timeout_ms ? (timeout_ms > UINT32_MAX - 5000 ? UINT32_MAX : timeout_ms + 5000) : 0;
+    if (wait_ms != c->fast_wait_ms) {
+        struct timeval tv = {.tv_sec = wait_ms / 1000, .tv_usec = (wait_ms % 1000) * 1000};
+        if (setsockopt(c->attach_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0) {
+            c->fast = false;
+            return fail(KVC_EUNAVAILABLE, "%s: attach connection: %s", method, strerror(errno));
+        }
+        c->fast_wait_ms = wait_ms;
+    }
     tkv_fast_hdr h;
     size_t len = 0;
-    char why[160] = "no reply in time";
-    if (pr <= 0 || tkv_fast_recv(c->attach_fd, &h, &c->fast_buf, &c->fast_cap, kFastMaxReply, &len,
-                                 why, sizeof(why)) <= 0) {
+    char why[160];
+    if (tkv_fast_recv(c->attach_fd, &h, &c->fast_buf, &c->fast_cap, kFastMaxReply, &len, why,
+                      sizeof(why)) <= 0) {
+        bool late = errno == EAGAIN || errno == EWOULDBLOCK;
         c->fast = false;
-        return fail(pr == 0 ? KVC_ETIMEDOUT : KVC_EUNAVAILABLE, "%s: attach connection: %s",
-                    method, why);
+        return fail(late ? KVC_ETIMEDOUT : KVC_EUNAVAILABLE, "%s: attach connection: %s", method,
+                    late ? "no reply in time" : why);
     }
     if (h.op != op) {
         c->fast = false;
