@@ -66,14 +66,16 @@ static void *serve_main(void *arg)
         if (r < 0) {
             TKV_LOG(TKV_LOG_INFO, "fast path: client %llu: %s; closing its connection",
                     (unsigned long long)c->client_id, why);
-            tkv_fast_send(c->fd, h.op, 0, 0, GRPC_STATUS_INVALID_ARGUMENT, (const uint8_t *)why, strlen(why));
+            tkv_fast_send(c->fd, h.op, 0, 0, GRPC_STATUS_INVALID_ARGUMENT, (const uint8_t *)why,
+                          strlen(why));
             break;
         }
         int method = tkvd_service_fast_method(h.op);
         bool sent;
         if (method < 0) {
             snprintf(why, sizeof(why), "fast path: unknown call %u", h.op);
-            sent = tkv_fast_send(c->fd, h.op, 0, 0, GRPC_STATUS_UNIMPLEMENTED, (const uint8_t *)why, strlen(why));
+            sent = tkv_fast_send(c->fd, h.op, 0, 0, GRPC_STATUS_UNIMPLEMENTED, (const uint8_t *)why,
+                                 strlen(why));
         } else {
             tkvd_call k;
             memset(&k, 0, sizeof(k));

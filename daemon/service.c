@@ -1100,7 +1100,8 @@ const tkvd_method *tkvd_service_methods(size_t *num_methods)
 }
 
 /* The largest legal request is a Put of max_blocks_per_rpc blocks with a prompt of
- * max_prompt_tokens tokens, or a LookupBatch of kBatchTokenFactor times that many tokens (5 bytes per varint token at most) plus framing; a larger message
+ * max_prompt_tokens tokens, or a LookupBatch of kBatchTokenFactor times that many tokens
+ * (5 bytes per varint token at most), plus framing; a larger message
  * cannot be valid, so the transport refuses it (RESOURCE_EXHAUSTED) before parsing. */
 size_t tkvd_service_max_recv_bytes(const tkvd_config *cfg)
 {
