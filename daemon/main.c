@@ -26,6 +26,7 @@
 #include "tkv_base.h"
 #include "tkv_l3.h"
 #include "tkv_policy.h"
+#include "tkv_l4.h"
 #include "tkv_store.h"
 #include "tkvd_attach.h"
 #include "tkvd_gpu.h"
@@ -299,6 +300,7 @@ int main(int argc, char **argv)
     bool log_open = false;
     tkv_store_opts *so = NULL;
     tkv_store *store = NULL;
+    tkv_l4 *l4 = NULL;
     tkvd_attach *attach = NULL;
     tkvd_gpu *gpu = NULL;
     tkvd_server *server = NULL;
@@ -412,6 +414,10 @@ int main(int argc, char **argv)
         }
     }
 
+    if (*cfg.l4_redis_nodes && tkvd_config_open_l4(&cfg, &l4) != TKV_OK) {
+        code = EXIT_CONFIG;
+        goto out;
+    }
     so = tkv_store_opts_new();
     if (gpu && tkv_store_opts_set_l1(so, tkvd_gpu_l1_blocks(gpu), &tkvd_gpu_l1_ops, gpu) != TKV_OK) {
         TKV_LOG(TKV_LOG_ERROR, "the store refused the L1 tier");
@@ -426,7 +432,8 @@ int main(int argc, char **argv)
         tkv_store_opts_set_write_through(so, cfg.write_through) != TKV_OK ||
         tkv_store_opts_set_policy(so, cfg.policy) != TKV_OK ||
         tkv_store_opts_set_workers(so, cfg.store_workers) != TKV_OK ||
-        tkv_store_opts_set_lease_ttl_ms(so, cfg.lease_ttl_ms, cfg.lease_ttl_max_ms) != TKV_OK) {
+        tkv_store_opts_set_lease_ttl_ms(so, cfg.lease_ttl_ms, cfg.lease_ttl_max_ms) != TKV_OK ||
+        tkv_store_opts_set_l4(so, l4) != TKV_OK) {
         TKV_LOG(TKV_LOG_ERROR, "the store refused the configuration (see the lines above)");
         code = EXIT_CONFIG;
         goto out;
@@ -493,6 +500,7 @@ int main(int argc, char **argv)
         .geometry = &cfg.geometry,
         .policy_name = cfg.policy,
         .version = TKVD_VERSION,
+        .l4 = l4,
     };
     if (cfg.http_enabled) {
         if (tkvd_http_start(cfg.http_address, (uint16_t)cfg.http_port, &hsrc, &http) != TKV_OK) {
@@ -536,6 +544,7 @@ out:
         TKV_LOG(TKV_LOG_INFO, "store closed (write-backs finished) in %" PRIu64 " ms",
                 (tkv_now_ns() - t0) / 1000000u);
     }
+    tkv_l4_close(l4); /* after the store: its write-back hands blocks to L4 */
     tkvd_gpu_close(gpu); /* after the store: its workers may still be copying */
     tkv_store_opts_free(so);
     if (pid_fd >= 0) /* the lock proves the socket is ours (or a dead daemon's) */
