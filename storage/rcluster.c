@@ -101,8 +101,10 @@ int tkv_rc_parse_nodes(const char *list, char hosts[][64], int *ports, int max, 
         ports[n] = (int)port;
         n++;
         p += len;
-        if (*p == ',')
-            p++;
+        if (*p == ',' && !*++p) {
+            snprintf(err, err_len, "empty entry after the last ','");
+            return TKV_EINVAL;
+        }
     }
     if (n == 0) {
         snprintf(err, err_len, "no nodes given");
