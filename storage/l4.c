@@ -662,9 +662,10 @@ static bool chunk_ok(const tkv_l4 *l, const tkv_key *key, uint32_t c, const uint
            tkv_csum64(v + TKV_L4_HEADER_BYTES, want) == h->chunk_csum;
 }
 
-/* Copies chunk data (the record's bytes [off, off+n)) into the block's tokens / payload. */
-static void chunk_place(const tkv_l4 *l, tkv_l4_block *b, uint64_t off, const uint8_t *d,
-                        size_t n)
+/* Copies chunk data (the record's bytes [off, off+n)) into the block's tokens / payload
+ * (payload may be NULL: a one-chunk block keeps its payload in the reply). */
+static void chunk_place(const tkv_l4 *l, tkv_l4_block *b, uint8_t *payload, uint64_t off,
+                        const uint8_t *d, size_t n)
 {
     size_t tok_bytes = (size_t)l->o.block_tokens * 4, done = 0;
     if (off < tok_bytes) {
@@ -677,8 +678,8 @@ static void chunk_place(const tkv_l4 *l, tkv_l4_block *b, uint64_t off, const ui
         }
         done = t;
     }
-    if (done < n)
-        memcpy((uint8_t *)b->payload + (off + done - tok_bytes), d + done, n - done);
+    if (done < n && payload)
+        memcpy(payload + (off + done - tok_bytes), d + done, n - done);
 }
 
 static void observe(tkv_l4 *l, uint64_t ns)
@@ -782,7 +783,7 @@ int tkv_l4_fetch_prefix(tkv_l4 *l, const tkv_key *keys, size_t n, tkv_l4_block *
     for (size_t i = 0; i < prefix; i++) {
         tkv_l4_block *b = &out[found];
         b->tokens = tkv_xmalloc((size_t)l->o.block_tokens * 4);
-        b->payload = tkv_xmalloc(l->o.block_bytes);
+        uint8_t *copy = nc > 1 ? tkv_xmalloc(l->o.block_bytes) : NULL;
         uint64_t *cs = tkv_xmalloc(nc * sizeof(uint64_t));
         bool ok = true, missing = false;
         hdr h0 = {0};
@@ -805,29 +806,35 @@ int tkv_l4_fetch_prefix(tkv_l4 *l, const tkv_key *keys, size_t n, tkv_l4_block *
             if (c == 0)
                 h0 = h;
             cs[c] = h.chunk_csum;
-            chunk_place(l, b, h.offset, v + TKV_L4_HEADER_BYTES, h.chunk_bytes);
+            chunk_place(l, b, copy, h.offset, v + TKV_L4_HEADER_BYTES, h.chunk_bytes);
         }
         if (ok && tkv_csum64(cs, nc * sizeof(uint64_t)) != h0.record_csum)
             ok = false;
         free(cs);
         if (!ok) {
             free(b->tokens);
-            free(b->payload);
-            b->tokens = b->payload = NULL;
+            free(copy);
+            b->tokens = NULL;
             if (!missing)
                 bad[nbad++] = keys[i];
             break;
         }
         b->parent = h0.parent;
+        if (copy) {
+            b->payload = copy;
+            b->owner_ = copy;
+        } else { /* the reply itself holds it: hand it over instead of copying 1 MiB */
+            redisReply *r = cmds[i].reply;
+            b->payload = r->str + TKV_L4_HEADER_BYTES + (size_t)l->o.block_tokens * 4;
+            b->owner_ = r;
+            cmds[i].reply = NULL;
+        }
         found++;
         bytes += l->o.block_bytes;
     }
     if (nbad)
         delete_bad(cn->rc, bad, nbad, nc);
     set_health(l, cn->rc);
-    tkv_rc_stats rs = {0};
-    for (unsigned i = 0; i < 1; i++)
-        tkv_rc_add_stats(cn->rc, &rs);
     pthread_mutex_unlock(&cn->mu);
     for (size_t k = 0; k < n + more; k++)
         if (cmds[k].reply)
@@ -856,9 +863,13 @@ void tkv_l4_blocks_free(tkv_l4_block *b, size_t n)
 {
     for (size_t i = 0; b && i < n; i++) {
         free(b[i].tokens);
-        free(b[i].payload);
+        if (b[i].owner_ && b[i].owner_ != b[i].payload)
+            freeReplyObject(b[i].owner_);
+        else
+            free(b[i].owner_);
         b[i].tokens = NULL;
         b[i].payload = NULL;
+        b[i].owner_ = NULL;
     }
 }
 

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
+#include <sys/uio.h>
 
 #define MAX_REDIRECTS 5
 #define MAP_MIN_INTERVAL_NS 100000000ull /* reload the slot map at most every 100 ms */
@@ -126,7 +127,16 @@ typedef struct node {
     /* the current round */
     size_t nsent, nread;      /* replies expected / received (ASKING included) */
     bool failed;
+    /* The round's output, written with writev: protocol text in `arena`, large arguments
+     * straight from the caller's buffers (hiredis's own output buffer would copy each value
+     * and move its unwritten tail after every partial write). */
+    char *arena;
+    size_t arena_len, arena_cap;
+    struct iovec *iov;
+    size_t niov, iov_cap, iov_pos;
 } node;
+
+#define INLINE_ARG_BYTES 512 /* arguments up to this size are copied into the arena */
 
 struct tkv_rc {
     tkv_rc_opts o;
@@ -158,6 +168,103 @@ static int node_find_add(tkv_rc *rc, const char *host, int port)
     strcpy(nd->host, host);
     nd->port = port;
     return rc->num_nodes++;
+}
+
+/* ---- output of a round ---- */
+
+static void out_reset(node *nd)
+{
+    nd->arena_len = 0;
+    nd->niov = nd->iov_pos = 0;
+}
+
+/* Reserves room for what the commands cmds[order[from..to)] (and an ASKING before each with
+ * ask[i] >= 0) need in the arena, so that it never moves while iovecs point into it. */
+static void out_reserve(node *nd, size_t bytes, size_t iovs)
+{
+    if (nd->arena_cap < bytes) {
+        free(nd->arena);
+        nd->arena_cap = bytes < 4096 ? 4096 : bytes;
+        nd->arena = tkv_xmalloc(nd->arena_cap);
+    }
+    if (nd->iov_cap < iovs) {
+        free(nd->iov);
+        nd->iov_cap = iovs < 64 ? 64 : iovs;
+        nd->iov = tkv_xmalloc(nd->iov_cap * sizeof(*nd->iov));
+    }
+}
+
+static void out_arena(node *nd, const void *p, size_t n)
+{
+    char *dst = nd->arena + nd->arena_len;
+    TKV_ASSERT(nd->arena_len + n <= nd->arena_cap);
+    memcpy(dst, p, n);
+    nd->arena_len += n;
+    struct iovec *last = nd->niov ? &nd->iov[nd->niov - 1] : NULL;
+    if (last && (char *)last->iov_base + last->iov_len == dst) {
+        last->iov_len += n;
+        return;
+    }
+    TKV_ASSERT(nd->niov < nd->iov_cap);
+    nd->iov[nd->niov++] = (struct iovec){.iov_base = dst, .iov_len = n};
+}
+
+static void out_fmt(node *nd, char c, size_t v)
+{
+    char b[32];
+    int n = snprintf(b, sizeof(b), "%c%zu\r\n", c, v);
+    out_arena(nd, b, (size_t)n);
+}
+
+/* Arena bytes and iovecs one command needs at most. */
+static void out_need(int argc, const char **argv, const size_t *argvlen, size_t *bytes,
+                     size_t *iovs)
+{
+    *bytes += 24;
+    *iovs += 1;
+    for (int a = 0; a < argc; a++) {
+        size_t len = argvlen ? argvlen[a] : strlen(argv[a]);
+        *bytes += 24 + 2 + (len <= INLINE_ARG_BYTES ? len : 0);
+        *iovs += 3;
+    }
+}
+
+static void out_command(node *nd, int argc, const char **argv, const size_t *argvlen)
+{
+    out_fmt(nd, '*', (size_t)argc);
+    for (int a = 0; a < argc; a++) {
+        size_t len = argvlen ? argvlen[a] : strlen(argv[a]);
+        out_fmt(nd, '$', len);
+        if (len <= INLINE_ARG_BYTES) {
+            out_arena(nd, argv[a], len);
+        } else {
+            TKV_ASSERT(nd->niov < nd->iov_cap);
+            nd->iov[nd->niov++] = (struct iovec){.iov_base = (void *)argv[a], .iov_len = len};
+        }
+        out_arena(nd, "\r\n", 2);
+    }
+}
+
+/* Writes what the socket takes; false on an error. */
+static bool out_write(node *nd)
+{
+    while (nd->iov_pos < nd->niov) {
+        size_t cnt = nd->niov - nd->iov_pos;
+        ssize_t w = writev(nd->c->fd, nd->iov + nd->iov_pos, (int)(cnt > 1024 ? 1024 : cnt));
+        if (w < 0)
+            return errno == EAGAIN || errno == EINTR;
+        size_t left = (size_t)w;
+        while (left && nd->iov_pos < nd->niov) {
+            struct iovec *v = &nd->iov[nd->iov_pos];
+            size_t take = left < v->iov_len ? left : v->iov_len;
+            v->iov_base = (char *)v->iov_base + take;
+            v->iov_len -= take;
+            left -= take;
+            if (v->iov_len == 0)
+                nd->iov_pos++;
+        }
+    }
+    return true;
 }
 
 static struct timeval tv_ms(uint32_t ms)
@@ -219,6 +326,9 @@ static redisContext *node_conn(tkv_rc *rc, node *nd)
     }
     redisSetTimeout(nd->c, tv_ms(rc->o.connect_timeout_ms));
     redisEnableKeepAlive(nd->c);
+    /* Keep the reader's buffer between replies: hiredis frees any idle buffer over 16 KiB,
+     * so each 1 MiB value would grow a new one from nothing, copying it ~7 times. */
+    nd->c->reader->maxbuf = 0;
     if (rc->password) {
         const char *argv[3] = {"AUTH", rc->user ? rc->user : rc->password, rc->password};
         redisReply *r = node_command(rc, nd, rc->user ? 3 : 2, argv);
@@ -361,9 +471,12 @@ void tkv_rc_close(tkv_rc *rc)
 {
     if (!rc)
         return;
-    for (int i = 0; i < rc->num_nodes; i++)
+    for (int i = 0; i < rc->num_nodes; i++) {
         if (rc->nodes[i].c)
             redisFree(rc->nodes[i].c);
+        free(rc->nodes[i].arena);
+        free(rc->nodes[i].iov);
+    }
     free(rc->user);
     free(rc->password);
     free(rc->route);
@@ -438,7 +551,7 @@ static void pump(tkv_rc *rc, uint64_t deadline_ns)
         if (nd->failed || !nd->c || nd->nread == nd->nsent)
             continue;
         pfd[np].fd = nd->c->fd;
-        pfd[np].events = (short)(POLLIN | (sdslen(nd->c->obuf) > 0 ? POLLOUT : 0));
+        pfd[np].events = (short)(POLLIN | (nd->iov_pos < nd->niov ? POLLOUT : 0));
         pfd[np].revents = 0;
         map[np++] = i;
     }
@@ -451,14 +564,22 @@ static void pump(tkv_rc *rc, uint64_t deadline_ns)
     for (int j = 0; j < np; j++) {
         node *nd = &rc->nodes[map[j]];
         if (pfd[j].revents & POLLOUT) {
-            int done = 0;
-            if (redisBufferWrite(nd->c, &done) != REDIS_OK) {
+            if (!out_write(nd)) {
                 nd->failed = true;
                 continue;
             }
         }
-        if ((pfd[j].revents & (POLLIN | POLLERR | POLLHUP)) && redisBufferRead(nd->c) != REDIS_OK)
-            nd->failed = true;
+        /* Drain what the socket holds (hiredis reads 16 KiB a call): one poll per 16 KiB
+         * would leave a 1 MiB value waiting on 64 wake-ups. */
+        for (int k = 0; k < 256 && (pfd[j].revents & (POLLIN | POLLERR | POLLHUP)); k++) {
+            size_t before = nd->c->reader->len;
+            if (redisBufferRead(nd->c) != REDIS_OK) {
+                nd->failed = true;
+                break;
+            }
+            if (nd->c->reader->len == before)
+                break; /* EAGAIN: nothing more now */
+        }
     }
 }
 
@@ -488,7 +609,8 @@ int tkv_rc_exec(tkv_rc *rc, tkv_rc_cmd *cmds, size_t n)
             tkv_rc_cmd *c = &cmds[i];
             int nd = rc->ask[i];
             if (nd < 0) {
-                uint16_t slot = tkv_rc_key_slot(c->argv[c->key_arg], c->argvlen[c->key_arg]);
+                uint16_t slot = tkv_rc_key_slot(c->argv[c->key_arg], c->argvlen
+                                                ? c->argvlen[c->key_arg] : strlen(c->argv[c->key_arg]));
                 nd = rc->slots[slot];
             }
             if (nd < 0 || !node_conn(rc, &rc->nodes[nd])) {
@@ -507,9 +629,23 @@ int tkv_rc_exec(tkv_rc *rc, tkv_rc_cmd *cmds, size_t n)
         for (int k = 0; k < rc->num_nodes; k++)
             start[k + 1] = start[k] + per_node[k];
         memcpy(fill, start, sizeof(fill));
+        size_t need_bytes[TKV_RC_MAX_NODES] = {0}, need_iovs[TKV_RC_MAX_NODES] = {0};
+        for (size_t i = 0; i < n; i++) {
+            if (rc->route[i] < 0)
+                continue;
+            int k = rc->route[i];
+            out_need(cmds[i].argc, cmds[i].argv, cmds[i].argvlen, &need_bytes[k], &need_iovs[k]);
+            if (rc->ask[i] >= 0) {
+                need_bytes[k] += 24;
+                need_iovs[k] += 1;
+            }
+        }
         for (int k = 0; k < rc->num_nodes; k++) {
             rc->nodes[k].nsent = rc->nodes[k].nread = 0;
             rc->nodes[k].failed = false;
+            out_reset(&rc->nodes[k]);
+            if (per_node[k])
+                out_reserve(&rc->nodes[k], need_bytes[k], need_iovs[k]);
         }
         for (size_t i = 0; i < n; i++) {
             if (rc->route[i] < 0)
@@ -517,12 +653,10 @@ int tkv_rc_exec(tkv_rc *rc, tkv_rc_cmd *cmds, size_t n)
             node *nd = &rc->nodes[rc->route[i]];
             rc->order[fill[rc->route[i]]++] = i;
             if (rc->ask[i] >= 0) {
-                const char *asking = "ASKING";
-                size_t alen = 6;
-                redisAppendCommandArgv(nd->c, 1, &asking, &alen);
+                out_arena(nd, "*1\r\n$6\r\nASKING\r\n", 16);
                 nd->nsent++;
             }
-            redisAppendCommandArgv(nd->c, cmds[i].argc, cmds[i].argv, cmds[i].argvlen);
+            out_command(nd, cmds[i].argc, cmds[i].argv, cmds[i].argvlen);
             nd->nsent++;
         }
         for (int k = 0; k < rc->num_nodes; k++)

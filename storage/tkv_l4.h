@@ -76,8 +76,10 @@ int tkv_l4_flush(tkv_l4 *l4, int timeout_ms);
 
 typedef struct tkv_l4_block {
     tkv_key parent;
-    uint32_t *tokens;        /* block_tokens entries (malloc'ed) */
-    void *payload;           /* block_bytes (malloc'ed) */
+    uint32_t *tokens;        /* block_tokens entries */
+    const void *payload;     /* block_bytes; valid until tkv_l4_blocks_free */
+    void *owner_;            /* internal: what holds payload (a one-chunk block is not copied
+                                out of the reply it came in) */
 } tkv_l4_block;
 
 /* Reads the longest prefix of keys[0..n) that L4 holds intact: out[0..*num_found) receive
