@@ -848,6 +848,55 @@ START_TEST(redis_down_the_hosts_serve_locally)
 }
 END_TEST
 
+/* ============================================================================================
+ * config: the l4_* keys are validated before anything starts
+ * ========================================================================================== */
+
+/* Runs tierkvd --check-config with args; its exit status, its output into out. */
+static int check_config(const char *args, char *out, size_t cap)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "%s/daemon/tierkvd --check-config --data-dir %s/cfg %s 2>&1",
+             tkvt_build_dir(), g_dir, args);
+    FILE *f = popen(cmd, "r");
+    ck_assert_ptr_nonnull(f);
+    size_t n = fread(out, 1, cap - 1, f);
+    out[n] = 0;
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+START_TEST(l4_keys_are_validated)
+{
+    static char out[1 << 16];
+    const struct {
+        const char *args, *says;
+    } bad[] = {
+        {"--l4-redis-nodes 127.0.0.1", "expected host:port"},
+        {"--l4-redis-nodes 127.0.0.1:0", "port must be 1..65535"},
+        {"--l4-redis-nodes a:1,", "empty entry"},
+        {"--l4-redis-nodes 'a b:1'", "bad host name"},
+        {"--l4-redis-nodes a:1 --l4-redis-user u", "l4_redis_user needs l4_redis_password"},
+        {"--l4-redis-password p", "need l4_redis_nodes"},
+        {"--l4-redis-nodes a:1 --l4-timeout-ms 0", "out of range"},
+        {"--l4-redis-nodes a:1 --l4-connections 65", "out of range"},
+        {"--l4-redis-nodes a:1 --l4-bytes-budget 12Q", "is not a size"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        int code = check_config(bad[i].args, out, sizeof(out));
+        ck_assert_msg(code == 2, "%s: exit %d: %s", bad[i].args, code, out);
+        ck_assert_msg(strstr(out, bad[i].says), "%s: %s", bad[i].args, out);
+    }
+    /* a good one; the password is never printed */
+    int code = check_config("--l4-redis-nodes 127.0.0.1:7000,redis-2:7001 --l4-redis-user u "
+                            "--l4-redis-password hunter2 --l4-bytes-budget 1G", out, sizeof(out));
+    ck_assert_msg(code == 0, "exit %d: %s", code, out);
+    ck_assert_msg(strstr(out, "l4_redis_nodes = \"127.0.0.1:7000,redis-2:7001\""), "%s", out);
+    ck_assert_msg(strstr(out, "l4_bytes_budget = 1073741824"), "%s", out);
+    ck_assert_msg(!strstr(out, "hunter2"), "the password was printed: %s", out);
+}
+END_TEST
+
 static bool have(const char *prog)
 {
     char cmd[128];
@@ -873,6 +922,7 @@ int main(void)
     Suite *s = suite_create("l4_cluster");
     TCase *tc = tcase_create("l4_cluster");
     tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, l4_keys_are_validated);
     tcase_add_test(tc, router_follows_ask_and_moved);
     tcase_add_test(tc, l4_splits_checks_and_misses_damage);
     tcase_add_test(tc, host_b_hits_what_host_a_put);
