@@ -395,6 +395,7 @@ int main(int argc, char **argv)
         return 77;
     }
     tkv_log_level = TKV_LOG_WARN;
+
     if (start_cluster() != 0) {
         fprintf(stderr, "could not start a Redis Cluster (see %s)\n", g_dir);
         stop_cluster();

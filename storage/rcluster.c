@@ -569,17 +569,10 @@ static void pump(tkv_rc *rc, uint64_t deadline_ns)
                 continue;
             }
         }
-        /* Drain what the socket holds (hiredis reads 16 KiB a call): one poll per 16 KiB
-         * would leave a 1 MiB value waiting on 64 wake-ups. */
-        for (int k = 0; k < 256 && (pfd[j].revents & (POLLIN | POLLERR | POLLHUP)); k++) {
-            size_t before = nd->c->reader->len;
-            if (redisBufferRead(nd->c) != REDIS_OK) {
-                nd->failed = true;
-                break;
-            }
-            if (nd->c->reader->len == before)
-                break; /* EAGAIN: nothing more now */
-        }
+        /* One read (16 KiB) per wake-up, then the caller parses: reading ahead would pile
+         * replies up in the reader's buffer, which hiredis shifts down after every reply. */
+        if ((pfd[j].revents & (POLLIN | POLLERR | POLLHUP)) && redisBufferRead(nd->c) != REDIS_OK)
+            nd->failed = true;
     }
 }
 
