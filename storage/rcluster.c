@@ -25,6 +25,7 @@
 #include <string.h>
 #include <sys/time.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #define MAX_REDIRECTS 5
 #define MAP_MIN_INTERVAL_NS 100000000ull /* reload the slot map at most every 100 ms */
@@ -136,7 +137,8 @@ typedef struct node {
     size_t niov, iov_cap, iov_pos;
 } node;
 
-#define INLINE_ARG_BYTES 512 /* arguments up to this size are copied into the arena */
+#define INLINE_ARG_BYTES 512
+#define READ_BYTES (128u << 10) /* arguments up to this size are copied into the arena */
 
 struct tkv_rc {
     tkv_rc_opts o;
@@ -154,6 +156,7 @@ struct tkv_rc {
     int16_t *ask;                  /* ASK target, or -1 */
     uint8_t *redirects;
     size_t *order;                 /* commands grouped by node, in send order */
+    char *rbuf;                    /* READ_BYTES, for socket reads */
 };
 
 static int node_find_add(tkv_rc *rc, const char *host, int port)
@@ -455,6 +458,7 @@ int tkv_rc_open(const tkv_rc_opts *o, tkv_rc **out)
         rc->o.timeout_ms = 2000;
     if (!rc->o.backoff_max_ms)
         rc->o.backoff_max_ms = 2000;
+    rc->rbuf = tkv_xmalloc(READ_BYTES);
     rc->user = o->user && *o->user ? tkv_xstrdup(o->user) : NULL;
     rc->password = o->password && *o->password ? tkv_xstrdup(o->password) : NULL;
     rc->o.user = rc->o.password = NULL;
@@ -483,6 +487,7 @@ void tkv_rc_close(tkv_rc *rc)
     free(rc->ask);
     free(rc->redirects);
     free(rc->order);
+    free(rc->rbuf);
     free(rc);
 }
 
@@ -569,10 +574,18 @@ static void pump(tkv_rc *rc, uint64_t deadline_ns)
                 continue;
             }
         }
-        /* One read (16 KiB) per wake-up, then the caller parses: reading ahead would pile
-         * replies up in the reader's buffer, which hiredis shifts down after every reply. */
-        if ((pfd[j].revents & (POLLIN | POLLERR | POLLHUP)) && redisBufferRead(nd->c) != REDIS_OK)
-            nd->failed = true;
+        /* One read per wake-up into our own 128 KiB buffer (hiredis reads 16 KiB: 64 polls
+         * per 1 MiB value), then the caller parses; reading further ahead would pile replies
+         * up in the reader's buffer, which hiredis shifts down after every reply. */
+        if (pfd[j].revents & (POLLIN | POLLERR | POLLHUP)) {
+            ssize_t got = read(nd->c->fd, rc->rbuf, READ_BYTES);
+            if (got > 0) {
+                if (redisReaderFeed(nd->c->reader, rc->rbuf, (size_t)got) != REDIS_OK)
+                    nd->failed = true;
+            } else if (got == 0 || (errno != EAGAIN && errno != EINTR)) {
+                nd->failed = true; /* closed by the server, or an error */
+            }
+        }
     }
 }
 
