@@ -365,6 +365,10 @@ void tkv_l4_close(tkv_l4 *l)
 {
     if (!l)
         return;
+    /* What the store handed over last (its close finishes write-back first) gets a short
+     * while to go out; a cluster that is down gets none. */
+    if (l->writer_started && atomic_load(&l->healthy))
+        tkv_l4_flush(l, 2000);
     lock(l);
     l->closing = true;
     pthread_cond_broadcast(&l->cv_work);

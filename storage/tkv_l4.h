@@ -60,7 +60,8 @@ int tkv_l4_opts_set_connections(tkv_l4_opts *o, unsigned n);
 /* Starts the writer and connects. An unreachable cluster is not an error (it is retried);
  * TKV_EINVAL for missing options. */
 int tkv_l4_open(const tkv_l4_opts *o, tkv_l4 **out);
-/* Stops the writer (queued writes are dropped after a short drain), closes. NULL ignored. */
+/* Gives queued writes up to 2 s (none while the cluster is down), then drops the rest, stops
+ * the writer and closes. NULL is ignored. */
 void tkv_l4_close(tkv_l4 *l4);
 
 /* Queues one block for writing (copies key, tokens and payload). TKV_OK queued; TKV_EEXIST
