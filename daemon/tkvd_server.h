@@ -20,6 +20,7 @@
 #include <grpc/status.h>
 
 #include "tkvd_metrics.h"
+#include "tkvd_tenant.h"
 
 typedef struct tkvd_server tkvd_server;
 
@@ -38,8 +39,13 @@ typedef struct tkvd_reply {
 typedef struct tkvd_stream tkvd_stream;
 bool tkvd_stream_send(tkvd_stream *st, const uint8_t *buf, size_t len);
 
+/* Who called, as the transport proved it (see capture_peer in server.c): a UNIX peer's
+ * SO_PEERCRED, a TCP peer's verified client-certificate subject, and any bearer token from
+ * the `authorization` metadata. Valid for the handler's duration. */
 typedef struct tkvd_call_info {
     int timeout_ms;     /* time left until the client's deadline; -1 = none */
+    tkvd_peer peer;
+    const tkvd_tenant *tenant; /* set by tkvd_server_opts.authorize; NULL = no tenants */
 } tkvd_call_info;
 
 typedef void (*tkvd_unary_fn)(void *ctx, const tkvd_call_info *ci, const uint8_t *req,
@@ -58,6 +64,7 @@ typedef struct tkvd_server_opts {
     const char *unix_path;     /* required */
     const char *tcp_addr;      /* NULL or "" = none */
     const char *tls_cert_file, *tls_key_file; /* both set -> TLS on TCP */
+    const char *tls_client_ca_file; /* set -> TCP clients must present a certificate it signed */
     unsigned cq_threads, workers;
     size_t max_recv_bytes, max_send_bytes;
     uint32_t drain_timeout_ms;
@@ -68,6 +75,9 @@ typedef struct tkvd_server_opts {
      * cancelled: handlers blocked in waits of their own should give up. May be NULL. */
     void (*on_drain_timeout)(void *ctx);
     tkvd_metrics *metrics;     /* rpc_total / rpc_errors */
+    /* Called (with ctx) before every handler: may set ci->tenant, or refuse the call by
+     * filling out and returning false (the handler then never runs). May be NULL. */
+    bool (*authorize)(void *ctx, const tkvd_method *m, tkvd_call_info *ci, tkvd_reply *out);
 } tkvd_server_opts;
 
 /* Binds the listeners and starts the threads. Calls grpc_init (and stop grpc_shutdown).
