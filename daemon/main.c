@@ -451,6 +451,7 @@ int main(int argc, char **argv)
     if (tkvd_attach_start(cfg.attach_socket, store, cfg.fingerprint, &metrics, &attach) != TKV_OK)
         goto out;
     tkvd_attach_allow_writable(attach, cfg.attach_writable);
+    tkvd_attach_set_tenants(attach, &cfg.tenants);
     if (gpu) {
         tkv_attach_gpu info;
         tkvd_gpu_attach_info(gpu, &info);
@@ -471,6 +472,7 @@ int main(int argc, char **argv)
         .unix_path = cfg.grpc_socket,
         .tcp_addr = cfg.grpc_tcp,
         .tls_cert_file = cfg.tls_cert,
+        .tls_client_ca_file = cfg.tls_client_ca,
         .tls_key_file = cfg.tls_key,
         .cq_threads = cfg.cq_threads,
         .workers = cfg.rpc_workers,
@@ -480,6 +482,7 @@ int main(int argc, char **argv)
         .ctx = &svc,
         .on_drain_timeout = tkvd_service_abort_waits,
         .metrics = &metrics,
+        .authorize = tkvd_service_authorize,
     };
     sopts.methods = tkvd_service_methods(&sopts.num_methods);
     if (tkvd_server_start(&sopts, &server) != TKV_OK)
@@ -493,6 +496,7 @@ int main(int argc, char **argv)
         .geometry = &cfg.geometry,
         .policy_name = cfg.policy,
         .version = TKVD_VERSION,
+        .tenants = &cfg.tenants,
     };
     if (cfg.http_enabled) {
         if (tkvd_http_start(cfg.http_address, (uint16_t)cfg.http_port, &hsrc, &http) != TKV_OK) {

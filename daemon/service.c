@@ -92,8 +92,100 @@ static void hex_prefix(const uint8_t *b, size_t n, char *out)
     out[2 * n] = 0;
 }
 
+/* ---- tenants ----------------------------------------------------------------------------------- */
+
+/* A refusal for tenant reasons: PERMISSION_DENIED (or the code given), counted per tenant
+ * (tierkv_tenant_denied_total) and logged at most once a second with the number held back,
+ * so a client hammering the daemon with forged requests cannot flood the log. */
+static void deny(tkvd_service *svc, const tkvd_call_info *ci, tkvd_reply *out,
+                 grpc_status_code code, const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static void deny(tkvd_service *svc, const tkvd_call_info *ci, tkvd_reply *out,
+                 grpc_status_code code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(out->msg, sizeof(out->msg), fmt, ap);
+    va_end(ap);
+    out->code = code;
+    size_t slot = ci->tenant ? ci->tenant->index + 1 : 0;
+    atomic_fetch_add_explicit(&svc->metrics->tenant_denied[slot], 1, memory_order_relaxed);
+    uint64_t now_ms = tkv_now_ns() / 1000000u;
+    uint64_t last = atomic_load_explicit(&svc->metrics->deny_log_ms, memory_order_relaxed);
+    if (now_ms - last >= 1000 &&
+        atomic_compare_exchange_strong(&svc->metrics->deny_log_ms, &last, now_ms)) {
+        uint64_t held = atomic_exchange(&svc->metrics->deny_log_held, 0);
+        TKV_LOG(TKV_LOG_WARN, "refused a call of tenant %s (uid %d pid %d): %s%s",
+                ci->tenant ? ci->tenant->name : "(none)", ci->peer.has_ucred ? (int)ci->peer.uid : -1,
+                ci->peer.has_ucred ? (int)ci->peer.pid : -1, out->msg,
+                held ? " (and earlier refusals not logged)" : "");
+    } else {
+        atomic_fetch_add_explicit(&svc->metrics->deny_log_held, 1, memory_order_relaxed);
+    }
+}
+
+bool tkvd_service_authorize(void *ctx, const tkvd_method *m, tkvd_call_info *ci, tkvd_reply *out)
+{
+    tkvd_service *svc = ctx;
+    const tkvd_tenants *ts = &svc->cfg->tenants;
+    if (!tkvd_tenants_enabled(ts))
+        return true;
+    /* Health answers liveness probes of anyone who can reach the socket; it shows nothing
+     * of any tenant. */
+    if (strcmp(m->path, "/tierkv.v1.Cache/Health") == 0)
+        return true;
+    ci->tenant = tkvd_tenant_of_peer(ts, &ci->peer);
+    if (!ci->tenant) {
+        deny(svc, ci, out, GRPC_STATUS_PERMISSION_DENIED,
+             "no tenant for this caller (%s): see the tenant.* keys in the daemon's config",
+             ci->peer.token ? "bearer token matches none"
+             : ci->peer.tls_subject ? "client certificate subject matches none"
+             : ci->peer.has_ucred ? "uid/gid match none" : "no identity proven");
+        return false;
+    }
+    atomic_fetch_add_explicit(&svc->metrics->tenant_rpcs[ci->tenant->index + 1], 1,
+                              memory_order_relaxed);
+    /* These act on every tenant's blocks at once. */
+    static const char *const kAdminOnly[] = {"/tierkv.v1.Cache/ListBlocks", "/tierkv.v1.Cache/Flush",
+                                             "/tierkv.v1.Cache/Verify"};
+    for (size_t i = 0; i < sizeof(kAdminOnly) / sizeof(kAdminOnly[0]); i++) {
+        if (strcmp(m->path, kAdminOnly[i]) == 0 && !ci->tenant->admin) {
+            deny(svc, ci, out, GRPC_STATUS_PERMISSION_DENIED,
+                 "%s acts on every tenant's blocks: tenant %s is not an admin tenant",
+                 m->path + strlen("/tierkv.v1.Cache/"), ci->tenant->name);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The owner id leases and allocations of this call are made for: the attach client id (which
+ * already carries the tenant tag), or the tenant's tag alone. */
+static uint64_t call_owner(const tkvd_call_info *ci, const Tierkv__V1__BlockScope *scope)
+{
+    if (scope && scope->client_id)
+        return scope->client_id;
+    return tkvd_tenant_tag(ci->tenant);
+}
+
+/* A lease or allocation id another tenant's call made is answered as if it did not exist
+ * (the answer must not tell B that A holds lease N), and counted as a refusal. */
+static bool check_owned(tkvd_service *svc, const tkvd_call_info *ci, uint64_t lease_id,
+                        uint64_t alloc_id, const char *what, tkvd_reply *out)
+{
+    if (!ci->tenant)
+        return true;
+    uint64_t owner = 0;
+    int rc = lease_id ? tkv_store_lease_owner(svc->store, lease_id, &owner)
+                      : tkv_store_alloc_owner(svc->store, alloc_id, &owner);
+    if (rc != TKV_OK || tkvd_tenant_owns(ci->tenant, owner))
+        return true; /* the handler reports a missing id itself */
+    deny(svc, ci, out, GRPC_STATUS_NOT_FOUND, "%s: not found (unknown, released or ended)", what);
+    return false;
+}
+
 /* Checks the request's scope; on failure fills out and returns false. */
-static bool check_scope(tkvd_service *svc, const Tierkv__V1__BlockScope *scope, tkvd_reply *out)
+static bool check_scope(tkvd_service *svc, const tkvd_call_info *ci,
+                        const Tierkv__V1__BlockScope *scope, tkvd_reply *out)
 {
     if (!scope) {
         fail_with(out, GRPC_STATUS_INVALID_ARGUMENT,
@@ -123,6 +215,20 @@ static bool check_scope(tkvd_service *svc, const Tierkv__V1__BlockScope *scope, 
                   strlen(scope->namespace_), kMaxNamespaceBytes);
         return false;
     }
+    /* With tenants the namespace is the caller's tenant: a request may leave it empty or name
+     * it, never another. */
+    if (ci->tenant && *scope->namespace_ && strcmp(scope->namespace_, ci->tenant->name) != 0) {
+        deny(svc, ci, out, GRPC_STATUS_PERMISSION_DENIED,
+             "scope.namespace '%.64s': this caller acts as tenant '%s' and may name no other",
+             scope->namespace_, ci->tenant->name);
+        return false;
+    }
+    if (ci->tenant && scope->client_id && !tkvd_tenant_owns(ci->tenant, scope->client_id)) {
+        deny(svc, ci, out, GRPC_STATUS_PERMISSION_DENIED,
+             "scope.client_id %" PRIu64 ": attached as another tenant than '%s'", scope->client_id,
+             ci->tenant->name);
+        return false;
+    }
     if (scope->client_id && !(svc->attach && tkvd_attach_client_live(svc->attach, scope->client_id))) {
         fail_with(out, GRPC_STATUS_NOT_FOUND,
                   "scope.client_id %" PRIu64 ": no attached client with this id (attach first, "
@@ -142,12 +248,15 @@ static bool check_tokens(tkvd_service *svc, size_t n_tokens, tkvd_reply *out)
     return true;
 }
 
-/* Keys of the first num_blocks full blocks of tokens, in the scope's namespace. */
-static tkv_key *derive_keys(tkvd_service *svc, const Tierkv__V1__BlockScope *scope,
-                            const uint32_t *tokens, size_t num_blocks)
+/* Keys of the first num_blocks full blocks of tokens, in the scope's namespace -- with
+ * tenants, the caller's tenant's (check_scope refused any other). */
+static tkv_key *derive_keys(tkvd_service *svc, const tkvd_call_info *ci,
+                            const Tierkv__V1__BlockScope *scope, const uint32_t *tokens,
+                            size_t num_blocks)
 {
     tkv_key root;
-    tkv_key_root(svc->cfg->fingerprint, scope->namespace_, strlen(scope->namespace_), &root);
+    const char *ns = ci->tenant ? ci->tenant->name : scope->namespace_;
+    tkv_key_root(svc->cfg->fingerprint, ns, strlen(ns), &root);
     tkv_key *keys = tkv_xmalloc((num_blocks ? num_blocks : 1) * sizeof(*keys));
     size_t n = tkv_key_chain(&root, tokens, num_blocks * svc->cfg->geometry.block_tokens,
                              svc->cfg->geometry.block_tokens, keys, num_blocks);
@@ -222,18 +331,18 @@ static void h_lookup(void *ctx, const tkvd_call_info *ci, const uint8_t *req, si
     tkv_block_loc *locs = NULL;
     Tierkv__V1__BlockLoc *loc_msgs = NULL;
     Tierkv__V1__BlockLoc **loc_ptrs = NULL;
-    if (!check_scope(svc, rq->scope, out) || !check_tokens(svc, rq->n_tokens, out))
+    if (!check_scope(svc, ci, rq->scope, out) || !check_tokens(svc, rq->n_tokens, out))
         goto done;
     uint32_t P = svc->cfg->geometry.block_tokens;
     size_t num_blocks = rq->n_tokens / P;
     Tierkv__V1__LookupResponse rsp = TIERKV__V1__LOOKUP_RESPONSE__INIT;
     rsp.num_query_blocks = (uint32_t)num_blocks;
     if (num_blocks > 0) {
-        keys = derive_keys(svc, rq->scope, rq->tokens, num_blocks);
+        keys = derive_keys(svc, ci, rq->scope, rq->tokens, num_blocks);
         locs = tkv_xcalloc(num_blocks, sizeof(*locs));
         uint64_t lease = 0;
         size_t hit = 0;
-        int rc = tkv_store_lookup(svc->store, keys, num_blocks, rq->scope->client_id,
+        int rc = tkv_store_lookup(svc->store, keys, num_blocks, call_owner(ci, rq->scope),
                                   rq->lease_ttl_ms, &lease, &hit, locs);
         if (rc != TKV_OK) {
             fail_store(out, rc, "lookup");
@@ -303,6 +412,8 @@ static void h_prefetch(void *ctx, const tkvd_call_info *ci, const uint8_t *req, 
         fail_with(out, GRPC_STATUS_INVALID_ARGUMENT, "prefetch: lease_id missing (0)");
         goto done;
     }
+    if (!check_owned(svc, ci, rq->lease_id, 0, what, out))
+        goto done;
     int tier = target_tier(svc, rq->tier, "prefetch", out);
     if (tier < 0)
         goto done;
@@ -383,7 +494,7 @@ static void h_put(void *ctx, const tkvd_call_info *ci, const uint8_t *req, size_
     UNPACK_OR_FAIL(rq, tierkv__v1__put_request, "PutRequest", req, len, out);
     tkv_key *keys = NULL;
     const void **payloads = NULL;
-    if (!check_scope(svc, rq->scope, out) || !check_tokens(svc, rq->n_tokens, out))
+    if (!check_scope(svc, ci, rq->scope, out) || !check_tokens(svc, rq->n_tokens, out))
         goto done;
     size_t n = rq->n_blocks;
     if (n == 0) {
@@ -409,7 +520,7 @@ static void h_put(void *ctx, const tkvd_call_info *ci, const uint8_t *req, size_
     }
     uint32_t P = svc->cfg->geometry.block_tokens;
     size_t chain = (size_t)rq->first_block + n;
-    keys = derive_keys(svc, rq->scope, rq->tokens, chain);
+    keys = derive_keys(svc, ci, rq->scope, rq->tokens, chain);
     const tkv_key *parent = rq->first_block ? &keys[rq->first_block - 1] : NULL;
     /* The split of the blocks not stored into duplicates and rejections comes from the store's
      * counters; under concurrent puts it is approximate (num_stored is exact). */
@@ -454,6 +565,8 @@ static void h_get(void *ctx, const tkvd_call_info *ci, const uint8_t *req, size_
         fail_with(out, GRPC_STATUS_INVALID_ARGUMENT, "get: lease_id missing (0)");
         goto done;
     }
+    if (!check_owned(svc, ci, rq->lease_id, 0, what, out))
+        goto done;
     size_t cap = max_lease_blocks(svc), num = 0;
     locs = tkv_xcalloc(cap, sizeof(*locs));
     int rc = tkv_store_lease_locs(svc->store, rq->lease_id, locs, cap, &num);
@@ -512,7 +625,7 @@ static void h_alloc(void *ctx, const tkvd_call_info *ci, const uint8_t *req, siz
     Tierkv__V1__AllocRequest *rq;
     UNPACK_OR_FAIL(rq, tierkv__v1__alloc_request, "AllocRequest", req, len, out);
     uint64_t *offsets = NULL;
-    if (!check_scope(svc, rq->scope, out) || target_tier(svc, rq->tier, "alloc", out) < 0)
+    if (!check_scope(svc, ci, rq->scope, out) || target_tier(svc, rq->tier, "alloc", out) < 0)
         goto done;
     if (rq->num_blocks == 0 || rq->num_blocks > svc->cfg->max_blocks_per_rpc) {
         fail_with(out, GRPC_STATUS_INVALID_ARGUMENT, "alloc: num_blocks %u not in [1, %u]",
@@ -522,7 +635,7 @@ static void h_alloc(void *ctx, const tkvd_call_info *ci, const uint8_t *req, siz
     offsets = tkv_xcalloc(rq->num_blocks, sizeof(*offsets));
     uint64_t id = 0;
     int rc = tkv_store_alloc_tier(svc->store, target_tier(svc, rq->tier, "alloc", out),
-                                  rq->num_blocks, rq->scope->client_id, &id, offsets);
+                                  rq->num_blocks, call_owner(ci, rq->scope), &id, offsets);
     if (rc != TKV_OK) {
         fail_store(out, rc, "alloc");
         goto done;
@@ -547,6 +660,8 @@ static void h_write_slot(void *ctx, const tkvd_call_info *ci, const uint8_t *req
     snprintf(what, sizeof(what), "write_slot alloc %" PRIu64 " slot %u", rq->alloc_id, rq->index);
     if (rq->alloc_id == 0) {
         fail_with(out, GRPC_STATUS_INVALID_ARGUMENT, "write_slot: alloc_id missing (0)");
+    } else if (!check_owned(svc, ci, 0, rq->alloc_id, what, out)) {
+        /* out filled */
     } else if (rq->payload.len != svc->cfg->block_bytes) {
         fail_with(out, GRPC_STATUS_INVALID_ARGUMENT, "%s: payload has %zu bytes, a block has %zu",
                   what, rq->payload.len, svc->cfg->block_bytes);
@@ -571,12 +686,14 @@ static void h_commit(void *ctx, const tkvd_call_info *ci, const uint8_t *req, si
     tkv_key *keys = NULL;
     char what[64];
     snprintf(what, sizeof(what), "commit alloc %" PRIu64, rq->alloc_id);
-    if (!check_scope(svc, rq->scope, out) || !check_tokens(svc, rq->n_tokens, out))
+    if (!check_scope(svc, ci, rq->scope, out) || !check_tokens(svc, rq->n_tokens, out))
         goto done;
     if (rq->alloc_id == 0) {
         fail_with(out, GRPC_STATUS_INVALID_ARGUMENT, "commit: alloc_id missing (0)");
         goto done;
     }
+    if (!check_owned(svc, ci, 0, rq->alloc_id, what, out))
+        goto done;
     if (rq->num_blocks > svc->cfg->max_blocks_per_rpc) {
         fail_with(out, GRPC_STATUS_INVALID_ARGUMENT, "%s: num_blocks %u exceeds max_blocks_per_rpc (%u)",
                   what, rq->num_blocks, svc->cfg->max_blocks_per_rpc);
@@ -586,7 +703,7 @@ static void h_commit(void *ctx, const tkvd_call_info *ci, const uint8_t *req, si
         goto done;
     uint32_t P = svc->cfg->geometry.block_tokens;
     size_t chain = (size_t)rq->first_block + rq->num_blocks;
-    keys = derive_keys(svc, rq->scope, rq->tokens, chain);
+    keys = derive_keys(svc, ci, rq->scope, rq->tokens, chain);
     const tkv_key *parent = rq->first_block ? &keys[rq->first_block - 1] : NULL;
     size_t stored = 0;
     int rc = tkv_store_commit(svc->store, rq->alloc_id, parent, keys + rq->first_block,
@@ -616,14 +733,19 @@ static void h_release(void *ctx, const tkvd_call_info *ci, const uint8_t *req, s
                   "release: give exactly one of lease_id and alloc_id");
     } else {
         int rc;
-        if (rq->lease_id) {
+        if (rq->lease_id)
             snprintf(what, sizeof(what), "release lease %" PRIu64, rq->lease_id);
-            rc = tkv_store_lease_release(svc->store, rq->lease_id);
-        } else {
+        else
             snprintf(what, sizeof(what), "release alloc %" PRIu64, rq->alloc_id);
+        if (!check_owned(svc, ci, rq->lease_id, rq->alloc_id, what, out))
+            rc = TKV_OK; /* out filled */
+        else if (rq->lease_id)
+            rc = tkv_store_lease_release(svc->store, rq->lease_id);
+        else
             rc = tkv_store_abort(svc->store, rq->alloc_id);
-        }
-        if (rc != TKV_OK) {
+        if (out->code != GRPC_STATUS_OK) {
+            /* refused by check_owned */
+        } else if (rc != TKV_OK) {
             fail_store(out, rc, what);
         } else {
             Tierkv__V1__ReleaseResponse rsp = TIERKV__V1__RELEASE_RESPONSE__INIT;
@@ -857,8 +979,14 @@ static void h_evict(void *ctx, const tkvd_call_info *ci, const uint8_t *req, siz
         goto done;
     }
     size_t num_keys = 0;
+    if (ci->tenant && rq->n_tokens == 0 && !ci->tenant->admin) {
+        deny(svc, ci, out, GRPC_STATUS_PERMISSION_DENIED,
+             "evict: without tokens it acts on every tenant's blocks; tenant %s is not an admin "
+             "tenant (name the prompt whose blocks to evict)", ci->tenant->name);
+        goto done;
+    }
     if (rq->n_tokens > 0 || rq->scope) {
-        if (!check_scope(svc, rq->scope, out) || !check_tokens(svc, rq->n_tokens, out))
+        if (!check_scope(svc, ci, rq->scope, out) || !check_tokens(svc, rq->n_tokens, out))
             goto done;
         num_keys = rq->n_tokens / svc->cfg->geometry.block_tokens;
         if (rq->n_tokens > 0 && num_keys == 0) {
@@ -868,7 +996,7 @@ static void h_evict(void *ctx, const tkvd_call_info *ci, const uint8_t *req, siz
             goto done;
         }
         if (num_keys)
-            keys = derive_keys(svc, rq->scope, rq->tokens, num_keys);
+            keys = derive_keys(svc, ci, rq->scope, rq->tokens, num_keys);
     }
     size_t evicted = 0, pinned = 0;
     int rc = tkv_store_evict(svc->store, tier, keys, num_keys, &evicted, &pinned);
@@ -978,6 +1106,8 @@ static void h_cost_check(void *ctx, const tkvd_call_info *ci, const uint8_t *req
     int tier = (int)rq->tier == TKV_TIER_NONE ? (has_l1(svc) ? TKV_TIER_L1 : TKV_TIER_L2)
                                          : target_tier(svc, rq->tier, "cost_check", out);
     if (tier < 0)
+        goto done;
+    if (!check_owned(svc, ci, rq->lease_id, 0, "cost_check", out))
         goto done;
     size_t cap = max_lease_blocks(svc), n = 0;
     locs = tkv_xcalloc(cap, sizeof(*locs));

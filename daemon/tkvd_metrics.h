@@ -8,6 +8,8 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "tkvd_tenant.h"
+
 /* Lookup latency histogram: bucket i counts lookups that took <= tkvd_latency_bounds_us[i]
  * (the last bucket is +Inf). Fixed bounds, so percentiles are exact to a bucket. */
 #define TKVD_LAT_BUCKETS 16
@@ -24,6 +26,10 @@ typedef struct tkvd_metrics {
     _Atomic uint64_t clients_connected;  /* attach-socket connections now open */
     _Atomic uint64_t clients_total;
     uint64_t start_ms;                   /* wall clock at start (set once) */
+    /* per tenant, slot = tenant index + 1 (slot 0: callers that are no tenant) */
+    _Atomic uint64_t tenant_rpcs[TKVD_TENANT_MAX + 1];
+    _Atomic uint64_t tenant_denied[TKVD_TENANT_MAX + 1];
+    _Atomic uint64_t deny_log_ms, deny_log_held; /* the refusal log line's rate limit */
 } tkvd_metrics;
 
 void tkvd_metrics_init(tkvd_metrics *m);

@@ -33,6 +33,12 @@ typedef struct tkvd_service {
 /* For tkvd_server_opts.on_drain_timeout (ctx = the tkvd_service). */
 void tkvd_service_abort_waits(void *ctx);
 
+/* For tkvd_server_opts.authorize (ctx = the tkvd_service): with tenants configured, maps the
+ * caller's proven identity to its tenant (ci->tenant) and refuses callers that are none, and
+ * non-admin tenants' ListBlocks/Flush/Verify, with PERMISSION_DENIED (counted, logged at most
+ * once a second). Without tenants every call passes with ci->tenant NULL. */
+bool tkvd_service_authorize(void *ctx, const tkvd_method *m, tkvd_call_info *ci, tkvd_reply *out);
+
 /* The method table for tkvd_server_opts (static storage). */
 const tkvd_method *tkvd_service_methods(size_t *num_methods);
 
