@@ -135,11 +135,19 @@ bool tkvd_service_authorize(void *ctx, const tkvd_method *m, tkvd_call_info *ci,
         return true;
     ci->tenant = tkvd_tenant_of_peer(ts, &ci->peer);
     if (!ci->tenant) {
+        char who[160];
+        if (ci->peer.token)
+            snprintf(who, sizeof(who), "bearer token matches none");
+        else if (ci->peer.tls_subject)
+            snprintf(who, sizeof(who), "client certificate subject '%.100s' matches none",
+                     ci->peer.tls_subject);
+        else if (ci->peer.has_ucred)
+            snprintf(who, sizeof(who), "uid %u / gid %u match none", (unsigned)ci->peer.uid,
+                     (unsigned)ci->peer.gid);
+        else
+            snprintf(who, sizeof(who), "no identity proven");
         deny(svc, ci, out, GRPC_STATUS_PERMISSION_DENIED,
-             "no tenant for this caller (%s): see the tenant.* keys in the daemon's config",
-             ci->peer.token ? "bearer token matches none"
-             : ci->peer.tls_subject ? "client certificate subject matches none"
-             : ci->peer.has_ucred ? "uid/gid match none" : "no identity proven");
+             "no tenant for this caller (%s): see the tenant.* keys in the daemon's config", who);
         return false;
     }
     atomic_fetch_add_explicit(&svc->metrics->tenant_rpcs[ci->tenant->index + 1], 1,
