@@ -158,7 +158,7 @@ static bool on_hello(tkvd_attach *a, size_t i)
             reject(a, c->fd, TKV_EIO, "cannot read the peer's credentials: %s", strerror(errno));
             return false;
         }
-        tkvd_peer peer = {.has_ucred = true, .uid = cred.uid, .gid = cred.gid, .pid = cred.pid};
+        tkvd_identity peer = {.has_ucred = true, .uid = cred.uid, .gid = cred.gid, .pid = cred.pid};
         const tkvd_tenant *t = tkvd_tenant_of_peer(ts, &peer);
         if (!t) {
             atomic_fetch_add_explicit(&a->metrics->tenant_denied[0], 1, memory_order_relaxed);

@@ -482,7 +482,6 @@ int main(int argc, char **argv)
         .ctx = &svc,
         .on_drain_timeout = tkvd_service_abort_waits,
         .metrics = &metrics,
-        .authorize = tkvd_service_authorize,
     };
     sopts.methods = tkvd_service_methods(&sopts.num_methods);
     if (tkvd_server_start(&sopts, &server) != TKV_OK)

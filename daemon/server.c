@@ -64,8 +64,8 @@ typedef struct rpc {
     int cancelled;
     bool md_sent;
     tkvd_reply reply;
-    tkvd_peer peer;            /* captured when the call arrives (capture_peer) */
-    char *peer_subject, *peer_token;
+    bool has_cred;             /* SO_PEERCRED, read as the call arrives (arrival_cred) */
+    uint32_t uid, gid, pid;
     /* streaming handshake with the queue thread */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -135,8 +135,6 @@ static void rpc_free(rpc *r)
     if (r->reply_bb)
         grpc_byte_buffer_destroy(r->reply_bb);
     grpc_slice_unref(r->details);
-    free(r->peer_subject);
-    free(r->peer_token);
     free(r->reply.buf);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
@@ -226,14 +224,20 @@ static int timeout_left_ms(gpr_timespec deadline)
     return ms > INT32_MAX ? INT32_MAX : (int)ms;
 }
 
-/* Records who called, on the queue thread as the call arrives: the peer string names the
- * connection's fd only while it is open, so it is read before anything else can happen. A
- * UNIX peer's uid/gid/pid come from SO_PEERCRED (the kernel's, not the client's word); a TLS
- * peer's subject only when the handshake verified its certificate against tls_client_ca; a
- * bearer token from the `authorization: Bearer <token>` metadata. */
-static void capture_peer(rpc *r)
+/* Copies at most cap-1 bytes of a slice or string, NUL-terminated. */
+static void copy_bounded(char *dst, size_t cap, const char *src, size_t n)
 {
-    memset(&r->peer, 0, sizeof(r->peer));
+    if (n >= cap)
+        n = cap - 1;
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+/* A UNIX peer's credentials, read on the queue thread as the call arrives: the peer string
+ * names the connection's fd only while it is open, so it is read before anything else can
+ * happen. uid/gid/pid are the kernel's (SO_PEERCRED), not the client's word. */
+static void arrival_cred(rpc *r)
+{
     char *p = grpc_call_get_peer(r->call);
     if (p && strncmp(p, "fd:", 3) == 0) {
         char *end;
@@ -245,41 +249,52 @@ static void capture_peer(rpc *r)
         if (!*end && fd >= 0 && fd <= INT32_MAX &&
             getsockopt((int)fd, SOL_SOCKET, SO_DOMAIN, &domain, &dl) == 0 && domain == AF_UNIX &&
             getsockopt((int)fd, SOL_SOCKET, SO_PEERCRED, &uc, &ul) == 0 && uc.pid > 0) {
-            r->peer.has_ucred = true;
-            r->peer.uid = uc.uid;
-            r->peer.gid = uc.gid;
-            r->peer.pid = uc.pid;
+            r->has_cred = true;
+            r->uid = uc.uid;
+            r->gid = uc.gid;
+            r->pid = (uint32_t)uc.pid;
         }
     }
     gpr_free(p);
-    if (r->srv->verify_clients) {
-        grpc_auth_context *ac = grpc_call_auth_context(r->call);
-        if (ac) {
-            grpc_auth_property_iterator it =
-                grpc_auth_context_find_properties_by_name(ac, GRPC_X509_SUBJECT_PROPERTY_NAME);
-            const grpc_auth_property *prop = grpc_auth_property_iterator_next(&it);
-            if (prop && prop->value_length > 0 && prop->value_length < 4096) {
-                r->peer_subject = tkv_xmalloc(prop->value_length + 1);
-                memcpy(r->peer_subject, prop->value, prop->value_length);
-                r->peer_subject[prop->value_length] = 0;
-                r->peer.tls_subject = r->peer_subject;
-            }
-            grpc_auth_context_release(ac);
-        }
+}
+
+/* Who sent the call: the peer address and credentials, the verified TLS client certificate's
+ * subject, a bearer token. */
+static void call_peer(rpc *r, tkvd_call_info *ci)
+{
+    char *peer = grpc_call_get_peer(r->call);
+    if (peer) {
+        copy_bounded(ci->peer, sizeof(ci->peer), peer, strlen(peer));
+        /* "fd:" = a connection of the daemon's own UNIX listener */
+        ci->is_unix = strncmp(peer, "unix:", 5) == 0 || strncmp(peer, "fd:", 3) == 0;
+        gpr_free(peer);
+    }
+    ci->has_cred = r->has_cred;
+    ci->uid = r->uid;
+    ci->gid = r->gid;
+    ci->pid = r->pid;
+    /* Only a certificate the handshake verified against tls_client_ca names anyone. */
+    grpc_auth_context *ac = r->srv->verify_clients ? grpc_call_auth_context(r->call) : NULL;
+    if (ac) {
+        grpc_auth_property_iterator it =
+            grpc_auth_context_find_properties_by_name(ac, GRPC_X509_SUBJECT_PROPERTY_NAME);
+        const grpc_auth_property *p = grpc_auth_property_iterator_next(&it);
+        /* A subject too long to keep whole names nobody (a cut one could match another). */
+        if (p && p->value_length < sizeof(ci->tls_subject))
+            copy_bounded(ci->tls_subject, sizeof(ci->tls_subject), p->value, p->value_length);
+        grpc_auth_context_release(ac);
     }
     for (size_t i = 0; i < r->md.count; i++) {
-        const grpc_metadata *m = &r->md.metadata[i];
-        if (!grpc_slice_str_cmp(m->key, "authorization")) {
-            size_t n = GRPC_SLICE_LENGTH(m->value);
-            const char *v = (const char *)GRPC_SLICE_START_PTR(m->value);
-            if (n > 7 && n < 4096 && strncasecmp(v, "Bearer ", 7) == 0) {
-                free(r->peer_token);
-                r->peer_token = tkv_xmalloc(n - 7 + 1);
-                memcpy(r->peer_token, v + 7, n - 7);
-                r->peer_token[n - 7] = 0;
-                r->peer.token = r->peer_token;
-                r->peer.token_len = n - 7;
-            }
+        const grpc_metadata *md = &r->md.metadata[i];
+        if (grpc_slice_str_cmp(md->key, "authorization") == 0) {
+            /* Too long to keep whole: kept as a token no tenant has, so it is refused rather
+             * than ignored. */
+            if (GRPC_SLICE_LENGTH(md->value) < sizeof(ci->token))
+                copy_bounded(ci->token, sizeof(ci->token), (const char *)GRPC_SLICE_START_PTR(md->value),
+                             GRPC_SLICE_LENGTH(md->value));
+            else
+                copy_bounded(ci->token, sizeof(ci->token), "Bearer \x01", 8);
+            break;
         }
     }
 }
@@ -288,11 +303,10 @@ static void capture_peer(rpc *r)
 static void run(rpc *r)
 {
     const tkvd_method *m = &r->srv->methods[r->im];
-    tkvd_call_info ci = {.timeout_ms = timeout_left_ms(r->deadline), .peer = r->peer};
+    tkvd_call_info ci = {.timeout_ms = timeout_left_ms(r->deadline), .arg = m->arg};
+    call_peer(r, &ci);
     r->reply.code = GRPC_STATUS_OK;
-    if (r->srv->o.authorize && !r->srv->o.authorize(r->srv->o.ctx, m, &ci, &r->reply)) {
-        /* refused: out was filled by authorize */
-    } else if (!r->payload) {
+    if (!r->payload) {
         r->reply.code = GRPC_STATUS_INVALID_ARGUMENT;
         snprintf(r->reply.msg, sizeof(r->reply.msg), "request message missing");
     } else {
@@ -419,7 +433,7 @@ static void *cq_main(void *arg)
                 break;
             }
             arm(s, r->iq, r->im);
-            capture_peer(r);
+            arrival_cred(r);
             if (r->im == kGenericMethod) {
                 char method[128];
                 size_t n = GRPC_SLICE_LENGTH(r->details_in.method);

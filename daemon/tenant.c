@@ -240,7 +240,7 @@ static bool hash_eq(const uint8_t *a, const uint8_t *b)
     return d == 0;
 }
 
-const tkvd_tenant *tkvd_tenant_of_peer(const tkvd_tenants *t, const tkvd_peer *peer)
+const tkvd_tenant *tkvd_tenant_of_peer(const tkvd_tenants *t, const tkvd_identity *peer)
 {
     if (!t || !peer)
         return NULL;

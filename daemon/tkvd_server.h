@@ -20,7 +20,6 @@
 #include <grpc/status.h>
 
 #include "tkvd_metrics.h"
-#include "tkvd_tenant.h"
 
 typedef struct tkvd_server tkvd_server;
 
@@ -39,13 +38,17 @@ typedef struct tkvd_reply {
 typedef struct tkvd_stream tkvd_stream;
 bool tkvd_stream_send(tkvd_stream *st, const uint8_t *buf, size_t len);
 
-/* Who called, as the transport proved it (see capture_peer in server.c): a UNIX peer's
- * SO_PEERCRED, a TCP peer's verified client-certificate subject, and any bearer token from
- * the `authorization` metadata. Valid for the handler's duration. */
+/* What the transport knows of a call: its deadline and who sent it. */
 typedef struct tkvd_call_info {
     int timeout_ms;     /* time left until the client's deadline; -1 = none */
-    tkvd_peer peer;
-    const tkvd_tenant *tenant; /* set by tkvd_server_opts.authorize; NULL = no tenants */
+    const void *arg;    /* the method's tkvd_method.arg */
+    bool is_unix;       /* arrived on the UNIX socket (else TCP) */
+    char peer[96];      /* gRPC's peer string: "unix:...", "ipv4:127.0.0.1:port", ... */
+    char tls_subject[128]; /* TCP+TLS with a client certificate verified against the
+                            * tls_client_ca: its subject (RFC 2253, "O=..,CN=.."); else "" */
+    char token[160];    /* the "authorization" metadata, when the client sent one; else "" */
+    bool has_cred;      /* UNIX peer: uid/gid/pid are the kernel's SO_PEERCRED of its socket */
+    uint32_t uid, gid, pid;
 } tkvd_call_info;
 
 typedef void (*tkvd_unary_fn)(void *ctx, const tkvd_call_info *ci, const uint8_t *req,
@@ -58,6 +61,7 @@ typedef struct tkvd_method {
     tkvd_unary_fn unary;       /* exactly one of unary / stream */
     tkvd_stream_fn stream;
     bool blocking;             /* run on the worker pool */
+    const void *arg;           /* handed to the handler as tkvd_call_info.arg */
 } tkvd_method;
 
 typedef struct tkvd_server_opts {
@@ -75,9 +79,6 @@ typedef struct tkvd_server_opts {
      * cancelled: handlers blocked in waits of their own should give up. May be NULL. */
     void (*on_drain_timeout)(void *ctx);
     tkvd_metrics *metrics;     /* rpc_total / rpc_errors */
-    /* Called (with ctx) before every handler: may set ci->tenant, or refuse the call by
-     * filling out and returning false (the handler then never runs). May be NULL. */
-    bool (*authorize)(void *ctx, const tkvd_method *m, tkvd_call_info *ci, tkvd_reply *out);
 } tkvd_server_opts;
 
 /* Binds the listeners and starts the threads. Calls grpc_init (and stop grpc_shutdown).

@@ -45,7 +45,7 @@ typedef struct tkvd_tenants {
 } tkvd_tenants;
 
 /* How a caller proved who it is (filled by the transport; fields not proven stay unset). */
-typedef struct tkvd_peer {
+typedef struct tkvd_identity {
     bool has_ucred;                 /* a UNIX peer: SO_PEERCRED */
     uid_t uid;
     gid_t gid;
@@ -53,7 +53,7 @@ typedef struct tkvd_peer {
     const char *tls_subject;        /* verified client certificate's subject, or NULL */
     const char *token;              /* bearer token the call presented, or NULL */
     size_t token_len;
-} tkvd_peer;
+} tkvd_identity;
 
 /* Owner ids (leases, allocations, attach client ids) carry their tenant in the top byte, so
  * an id one tenant learnt or guessed is refused for another: tag = (index + 1) << 56. */
@@ -89,7 +89,7 @@ static inline bool tkvd_tenants_enabled(const tkvd_tenants *t)
 /* The tenant the peer proved to be, or NULL (refuse the call). Order: bearer token, TLS
  * subject, uid, gid. A token that matches no tenant yields NULL even if another identity
  * would match: a wrong credential is never silently ignored. */
-const tkvd_tenant *tkvd_tenant_of_peer(const tkvd_tenants *t, const tkvd_peer *peer);
+const tkvd_tenant *tkvd_tenant_of_peer(const tkvd_tenants *t, const tkvd_identity *peer);
 
 const tkvd_tenant *tkvd_tenant_by_name(const tkvd_tenants *t, const char *name);
 

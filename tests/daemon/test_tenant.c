@@ -36,23 +36,23 @@ START_TEST(parses_and_maps_peers)
     ck_assert(ops && ops->admin && !a->admin && !a->map_pool);
     ck_assert_uint_eq(a->num_uids, 3);
 
-    tkvd_peer p = {.has_ucred = true, .uid = 1001, .gid = 7};
+    tkvd_identity p = {.has_ucred = true, .uid = 1001, .gid = 7};
     ck_assert_ptr_eq(tkvd_tenant_of_peer(t, &p), a);
     p.uid = 4242;
     p.gid = 50; /* gid 50 is both a's and ops': the first tenant by gid */
     ck_assert_ptr_eq(tkvd_tenant_of_peer(t, &p), a);
     p.uid = 1000; /* a uid match wins over gid */
     ck_assert_ptr_eq(tkvd_tenant_of_peer(t, &p), a);
-    p = (tkvd_peer){.has_ucred = true, .uid = 4242, .gid = 4242};
+    p = (tkvd_identity){.has_ucred = true, .uid = 4242, .gid = 4242};
     ck_assert_ptr_null(tkvd_tenant_of_peer(t, &p));
-    p = (tkvd_peer){.tls_subject = "O=x,CN=b"};
+    p = (tkvd_identity){.tls_subject = "O=x,CN=b"};
     ck_assert_ptr_eq(tkvd_tenant_of_peer(t, &p), b);
-    p = (tkvd_peer){.tls_subject = "O=x,CN=b2"};
+    p = (tkvd_identity){.tls_subject = "O=x,CN=b2"};
     ck_assert_ptr_null(tkvd_tenant_of_peer(t, &p));
-    p = (tkvd_peer){.token = "test", .token_len = 4};
+    p = (tkvd_identity){.token = "test", .token_len = 4};
     ck_assert_ptr_eq(tkvd_tenant_of_peer(t, &p), b);
     /* A wrong token is never ignored in favour of another identity. */
-    p = (tkvd_peer){.token = "tesT", .token_len = 4, .has_ucred = true, .uid = 1000};
+    p = (tkvd_identity){.token = "tesT", .token_len = 4, .has_ucred = true, .uid = 1000};
     ck_assert_ptr_null(tkvd_tenant_of_peer(t, &p));
 
     /* owner tags: tenant index + 1 in the top byte */
@@ -134,7 +134,7 @@ START_TEST(no_tenants_is_the_default)
     char err[TKVD_ERR_LEN];
     ck_assert_int_eq(tkvd_config_finish(&c, err, sizeof(err)), TKV_OK);
     ck_assert(!tkvd_tenants_enabled(&c.tenants));
-    tkvd_peer p = {.has_ucred = true, .uid = 0};
+    tkvd_identity p = {.has_ucred = true, .uid = 0};
     ck_assert_ptr_null(tkvd_tenant_of_peer(&c.tenants, &p));
     tkvd_config_free(&c);
 }

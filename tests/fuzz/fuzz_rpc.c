@@ -5,7 +5,9 @@
  *
  * Input: byte 0 picks the method, byte 1 the caller (0: a daemon without tenants; 1: tenant
  * a's uid; 2: tenant b's uid; 3: a uid that is no tenant; 4: a bearer token), the rest is the
- * request message. Streaming methods (Verify) are left out: they need a live call. */
+ * request message, run through tkvd_service_dispatch (the one handler table every transport
+ * uses). Streaming methods (Verify) are left out: they need a live call. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -76,28 +78,34 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
         return 0;
     size_t num_methods;
     const tkvd_method *methods = tkvd_service_methods(&num_methods);
-    const tkvd_method *m = &methods[data[0] % num_methods];
-    if (!m->unary)
+    int method = (int)(data[0] % num_methods);
+    if (!methods[method].unary)
         return 0;
     unsigned who = data[1] % 5;
     tkvd_service *svc = who == 0 ? &g_plain : &g_ten;
-    tkvd_call_info ci = {.timeout_ms = 0};
-    if (who == 1 || who == 2 || who == 3) {
-        ci.peer.has_ucred = true;
-        ci.peer.uid = ci.peer.gid = who == 1 ? 61001 : who == 2 ? 61002 : 61003;
-        ci.peer.pid = 1;
+    tkvd_call k;
+    memset(&k, 0, sizeof(k));
+    k.timeout_ms = 0;
+    k.peer.kind = who == 4 ? TKVD_PEER_GRPC_TCP : TKVD_PEER_GRPC_UNIX;
+    if (who >= 1 && who <= 3) {
+        k.peer.has_cred = true;
+        k.peer.uid = k.peer.gid = who == 1 ? 61001 : who == 2 ? 61002 : 61003;
+        k.peer.pid = 1;
     } else if (who == 4) {
-        ci.peer.token = "test";
-        ci.peer.token_len = 4;
+        snprintf(k.peer.token, sizeof(k.peer.token), "Bearer test");
     }
-    tkvd_reply out;
-    memset(&out, 0, sizeof(out));
-    out.code = GRPC_STATUS_OK;
-    if (tkvd_service_authorize(svc, m, &ci, &out))
-        m->unary(svc, &ci, data + 2, n - 2, &out);
-    /* A refusal has a message; an answer is a buffer (possibly empty). */
-    if (out.code != GRPC_STATUS_OK && !out.msg[0])
+    uint8_t *rsp = NULL;
+    size_t rsp_len = 0;
+    tkvd_service_dispatch(svc, &k, method, data + 2, n - 2, &rsp, &rsp_len);
+    /* A refusal has a message; an answer is a reply buffer. */
+    if (k.code != GRPC_STATUS_OK && !k.msg[0])
         abort();
-    free(out.buf);
+    if (k.code == GRPC_STATUS_OK && !rsp)
+        abort();
+    /* With tenants every call but Health acts as a tenant or is refused. */
+    if (who && k.code == GRPC_STATUS_OK && !k.tenant &&
+        strcmp(methods[method].path, "/tierkv.v1.Cache/Health") != 0)
+        abort();
+    free(rsp);
     return 0;
 }
