@@ -638,7 +638,8 @@ static bool v_commit(tkvd_call *k, const void *req)
         return fail_with(k, GRPC_STATUS_INVALID_ARGUMENT, "commit: alloc_id missing (0)");
     char what[64];
     snprintf(what, sizeof(what), "commit alloc %" PRIu64, rq->alloc_id);
-    return check_owned(k, 0, rq->alloc_id, what) && check_blocks_per_rpc(k, rq->num_blocks, "commit") &&
+    return check_owned(k, 0, rq->alloc_id, what) &&
+           check_blocks_per_rpc(k, rq->num_blocks, "commit") &&
            check_block_range(k, rq->n_tokens, rq->first_block, rq->num_blocks, "commit");
 }
 
