@@ -653,8 +653,10 @@ static void h_commit(tkvd_call *k, const void *req, void *out)
     tkv_key *keys = derive_keys(k, rq->tokens, (size_t)rq->first_block + rq->num_blocks);
     const tkv_key *parent = rq->first_block ? &keys[rq->first_block - 1] : NULL;
     size_t stored = 0;
+    /* A commit of no blocks may carry no tokens: no pointer arithmetic on a NULL array. */
+    const uint32_t *tokens = rq->num_blocks ? rq->tokens + (size_t)rq->first_block * P : NULL;
     int rc = tkv_store_commit(k->svc->store, rq->alloc_id, parent, keys + rq->first_block,
-                              rq->tokens + (size_t)rq->first_block * P, rq->num_blocks, &stored);
+                              tokens, rq->num_blocks, &stored);
     if (!store_ok(k, rc, what))
         return;
     rsp->num_stored = (uint32_t)stored;
