@@ -21,6 +21,7 @@ typedef struct tkvd_http_source {
     const char *policy_name;
     const char *version;
     const tkvd_tenants *tenants;  /* NULL or empty: no tierkv_tenant_* families */
+    tkv_l4 *l4;               /* the shared tier, or NULL when off */
 } tkvd_http_source;
 
 /* Starts serving on addr:port (addr NULL = "127.0.0.1"; port 0 = pick one, see
