@@ -91,9 +91,10 @@ class PrefixCache:
                     try:
                         self.client.wait(lease, TIER_L2)
                     except DataLoss as e:
-                        log.warning("tierkv: %s; using the %d blocks before it", e,
+                        # the lease now covers only the blocks before the bad one
+                        log.warning("tierkv: %s; %d blocks before it remain", e,
                                     lease.num_blocks)
-                    n = lease.num_blocks
+                    n = min(n, lease.num_blocks)
                     if n == 0:
                         return 0, None
                 buf = torch.empty(n, c.block_bytes, dtype=torch.uint8)
@@ -117,7 +118,7 @@ def tiny_llama(seed=0, max_positions=4096, layers=2, hidden=128, heads=2, kv_hea
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
                       num_hidden_layers=layers, num_attention_heads=heads,
                       num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
-                      initializer_range=0.2, tie_word_embeddings=False)
+                      tie_word_embeddings=False)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
     return model
