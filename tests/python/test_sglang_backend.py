@@ -1,0 +1,87 @@
+"""test_sglang_backend.py - tierkv.sglang.TierKVStore loaded by SGLang's own
+StorageBackendFactory ("dynamic" backend, module_path/class_name) from SGLang's
+HiCacheStorageConfig, against a real tierkvd: keys are SGLang-style sha256 hex chains;
+batch_exists counts consecutive hits from the start (with prefix_keys), set/get round-trip
+pages bit-exact, ranks are isolated, a wrong page size is refused, a daemon that goes down
+raises (never a silent None from a batch call). SGLang's device and host pools need a GPU
+build of its kernels, so the host-pool path (batch_get_v1/batch_set_v1) is not run here.
+"""
+import hashlib
+import os
+import struct
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tkvd import Daemon, check, main  # noqa: E402
+
+P = 16
+
+
+def sglang_keys(tokens, page):
+    """SGLang's page hashes: sha256 over the previous hash and the page's tokens (4-byte LE)."""
+    keys, prev = [], b""
+    for i in range(0, len(tokens) - len(tokens) % page, page):
+        h = hashlib.sha256(prev + struct.pack(f"<{page}I", *tokens[i:i + page]))
+        keys.append(h.hexdigest())
+        prev = h.digest()
+    return keys
+
+
+def backend(sock, rank=0):
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+    cfg = HiCacheStorageConfig(tp_rank=rank, tp_size=2, pp_rank=0, pp_size=1, attn_cp_rank=0,
+                               attn_cp_size=1, is_mla_model=False, enable_storage_metrics=False,
+                               is_page_first_layout=True, model_name="tiny",
+                               extra_config={"backend_name": "tierkv",
+                                             "module_path": "tierkv.sglang",
+                                             "class_name": "TierKVStore", "socket": sock})
+    return StorageBackendFactory.create_backend("dynamic", cfg, None)
+
+
+def run():
+    import torch
+    d = Daemon(kv_dtype="bf16", num_layers=2, num_kv_heads=2, head_dim=64, block_tokens=P).start()
+    b = backend(d.sock)
+    check(type(b).__name__ == "TierKVStore", f"factory made {type(b)}")
+    keys = sglang_keys(list(range(1000, 1000 + 6 * P)), P)
+    g = torch.Generator().manual_seed(1)
+    pages = [torch.randn(b.block_bytes // 2, generator=g).to(torch.bfloat16) for _ in keys]
+    check(b.batch_exists(keys) == 0, "cold exists")
+    check(b.batch_set(keys[:4], pages[:4]), "batch_set")
+    check(b.batch_exists(keys) == 4, f"exists {b.batch_exists(keys)}")
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo
+    ei = HiCacheStorageExtraInfo(prefix_keys=keys[:2])
+    check(b.batch_exists(keys[2:], ei) == 2, "exists after prefix_keys")
+    check(b.exists(keys[0]) and not b.exists(keys[5]), "exists single")
+    for i in (0, 3):
+        got = b.get(keys[i]) if i == 0 else None
+        if i == 0:
+            check(torch.equal(got.view(torch.bfloat16), pages[0]), "page 0 differs")
+    # pages 2.. through a chain given by prefix_keys read back bit-exact
+    out = torch.empty(2, b.block_bytes, dtype=torch.uint8)
+    check(b._get_pages(keys[2:4], ei, out) == 2, "get with prefix")
+    check(torch.equal(out[1].view(torch.bfloat16), pages[3]), "page 3 differs")
+    check(backend(d.sock, rank=1).batch_exists(keys) == 0, "TP rank 1 sees rank 0's pages")
+    try:
+        b.batch_set(keys[4:5], [torch.zeros(10, dtype=torch.bfloat16)])
+        check(False, "a page of the wrong size was stored")
+    except ValueError as e:
+        print(f"  ok  wrong page size refused: {e}")
+    print(f"  ok  stats {b.get_stats()}")
+    d.stop()
+    import tierkv
+    try:
+        b.batch_exists(keys)
+        check(False, "exists answered with the daemon down")
+    except tierkv.TierKVError as e:
+        print(f"  ok  daemon down raises: {type(e).__name__}")
+
+
+if __name__ == "__main__":
+    try:
+        import sglang  # noqa: F401
+    except ImportError as e:
+        print(f"skipped: {e}")
+        sys.exit(77)
+    main(run)
