@@ -9,7 +9,8 @@ tierkvd keys blocks by tokens. A page key becomes one block of "tokens" (the key
 8 u32 words, repeated to fill block_tokens), and a batch of keys, with the prefix_keys SGLang
 passes, one token sequence: tierkv's chain over it is a function of the SGLang chain, so one
 lookup answers batch_exists (consecutive hits from the start) and one put / one get moves a
-whole batch. The namespace is "<model>/tp<rank>" so ranks and models never mix.
+whole batch. The namespace is "<model>/tp<rank>/<host pool layout>": ranks, models and the
+host pool's page layouts (SGLang's flat data page differs per layout) never mix.
 
 Payloads are SGLang's host pages as SGLang lays them out (its flat data page: K and V of every
 layer), stored opaque: a block's bytes must equal one page (the daemon's block_bytes, its
@@ -44,13 +45,23 @@ class TierKVStore(HiCacheStorage):
     def __init__(self, storage_config, kwargs=None):
         ex = dict(getattr(storage_config, "extra_config", None) or {})
         model = storage_config.model_name or ex.get("model_id", "model")
-        self.namespace = f"{model}/tp{storage_config.tp_rank}"
-        self.client = Client(ex.get("socket"), attach_socket=ex.get("attach_socket"),
-                             namespace=self.namespace, timeout_ms=int(ex.get("timeout_ms", 5000)))
+        self._ns_base = f"{model}/tp{storage_config.tp_rank}"
+        self._ex = ex
+        self.mem_pool_host = None
+        self._connect("page_first" if storage_config.is_page_first_layout else "layer_first")
+        self.stats = {"exists": 0, "hit_pages": 0, "get_pages": 0, "set_pages": 0, "errors": 0}
+
+    def _connect(self, layout):
+        self.layout = layout
+        self.namespace = f"{self._ns_base}/{layout}"
+        old = getattr(self, "client", None)
+        self.client = Client(self._ex.get("socket"), attach_socket=self._ex.get("attach_socket"),
+                             namespace=self.namespace,
+                             timeout_ms=int(self._ex.get("timeout_ms", 5000)))
+        if old is not None:
+            old.close()
         self.P = self.client.block_tokens
         self.block_bytes = self.client.block_bytes
-        self.mem_pool_host = None
-        self.stats = {"exists": 0, "hit_pages": 0, "get_pages": 0, "set_pages": 0, "errors": 0}
 
     def _tokens(self, keys):
         out = []
@@ -123,8 +134,19 @@ class TierKVStore(HiCacheStorage):
         return r.num_stored + r.num_duplicate
 
     # ---- host pool pages (SGLang's HiCache path) ----
+    LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
+
     def register_mem_pool_host(self, mem_pool_host):
+        layout = getattr(mem_pool_host, "layout", None)
+        if layout not in self.LAYOUTS:
+            raise ValueError(f"tierkv: host pool layout {layout!r}: tierkv stores the flat data "
+                             f"pages of {', '.join(self.LAYOUTS)} only")
+        if mem_pool_host.page_size != self.P:
+            raise ValueError(f"tierkv: page size {mem_pool_host.page_size}, the daemon's blocks "
+                             f"are {self.P} tokens")
         super().register_mem_pool_host(mem_pool_host)
+        if layout != self.layout:
+            self._connect(layout)
         page = mem_pool_host.get_dummy_flat_data_page()
         self._check_page(page)
         self.page_dtype = page.dtype
