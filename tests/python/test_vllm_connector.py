@@ -21,7 +21,7 @@ P, H, D, L = 16, 2, 64, 2
 PROMPT = 7 * P + 5
 
 
-def make(sock, role, model_id="tiny"):
+def make(sock, role, model_id="tiny", backend="CPU_ATTN"):
     from vllm.config import (AttentionConfig, CacheConfig, DeviceConfig, KVTransferConfig,
                              VllmConfig)
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
@@ -32,7 +32,7 @@ def make(sock, role, model_id="tiny"):
                               "num_kv_heads": H, "head_dim": D, "timeout_ms": 2000})
     vc = VllmConfig(kv_transfer_config=kt, cache_config=CacheConfig(block_size=P),
                     device_config=DeviceConfig(device="cpu"),
-                    attention_config=AttentionConfig(backend=AttentionBackendEnum.CPU_ATTN))
+                    attention_config=AttentionConfig(backend=AttentionBackendEnum[backend]))
     return vc, KVConnectorFactory.create_connector(vc, role, None)
 
 
@@ -81,17 +81,16 @@ def step(sched, worker, so):
     return meta, worker.get_block_ids_with_load_errors()
 
 
-def run():
+def round_trip(d, backend, toks):
+    """Engine A saves the prompt's blocks, engine B (fresh connectors) loads them."""
     import torch
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole as R
-    d = Daemon(kv_dtype="bf16", num_layers=L, num_kv_heads=H, head_dim=D, block_tokens=P,
-               model_id="tiny/tp0").start()
-    rng = random.Random(2)
-    toks = [rng.randrange(512) for _ in range(PROMPT)]
-
-    # ---- engine A: miss, compute, save ---------------------------------------------------------
-    _, sa = make(d.sock, R.SCHEDULER)
-    _, wa = make(d.sock, R.WORKER)
+    with d.client() as c:
+        c.evict(2, toks)
+        c.evict(3, toks)
+    # ---- engine A: miss, compute, save -----------------------------------------------------
+    _, sa = make(d.sock, R.SCHEDULER, backend=backend)
+    _, wa = make(d.sock, R.WORKER, backend=backend)
     check(type(sa).__name__ == "TierKVConnector", f"factory made {type(sa)}")
     kva = kv_caches(32, fill=True)
     wa.register_kv_caches(kva)
@@ -107,9 +106,9 @@ def run():
     with d.client() as c, c.lookup(toks) as l:
         check(l.num_blocks == 7, f"daemon holds {l.num_blocks} blocks")
 
-    # ---- engine B: fresh connectors, hit, load into other blocks -------------------------------
-    _, sb = make(d.sock, R.SCHEDULER)
-    _, wb = make(d.sock, R.WORKER)
+    # ---- engine B: fresh connectors, hit, load into other blocks ---------------------------
+    _, sb = make(d.sock, R.SCHEDULER, backend=backend)
+    _, wb = make(d.sock, R.WORKER, backend=backend)
     kvb = kv_caches(32, fill=False)
     wb.register_kv_caches(kvb)
     rb = request("b", toks)
@@ -126,7 +125,21 @@ def run():
         check(torch.equal(kva[name][ids_a[:7]], kvb[name][ids_b[:7]]),
               f"{name}: loaded blocks differ from the saved ones")
         check(not kvb[name][ids_b[7]].any(), "the tail block was written")
-    print(f"  ok  prefix of {n} tokens saved by A, loaded by B bit-exact")
+    print(f"  ok  {backend}: prefix of {n} tokens saved by A, loaded by B bit-exact")
+
+    return kva, ids_a, ids_b
+
+
+def run():
+    import torch
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole as R
+    d = Daemon(kv_dtype="bf16", num_layers=L, num_kv_heads=H, head_dim=D, block_tokens=P,
+               model_id="tiny/tp0", zstd_level=0).start()
+    rng = random.Random(2)
+    toks = [rng.randrange(512) for _ in range(PROMPT)]
+
+    for backend in ("CPU_ATTN", "FLASH_ATTN"):
+        kva, ids_a, ids_b = round_trip(d, backend, toks)  # (FLASH_ATTN's blocks stay)
 
     # ---- bad input: geometry mismatch, unknown layout, daemon down -----------------------------
     _, sx = make(d.sock, R.SCHEDULER, model_id="other")
@@ -139,12 +152,40 @@ def run():
         check(False, "unknown layout accepted")
     except ValueError as e:
         print(f"  ok  unknown layout refused: {e}")
+    _, wt = make(d.sock, R.WORKER, backend="TRITON_ATTN")  # a backend whose layout is not known
+    try:
+        wt.register_kv_caches(kv_caches(4, False))
+        check(False, "an unknown attention backend was accepted")
+    except ValueError as e:
+        print(f"  ok  unknown backend refused: {e}")
+    # blocks failing their checksum on disk: matched from the index, then refused at load
+    with d.client() as c:
+        c.flush()
+    d.stop()
+    check(d.corrupt_l3() >= 1, "no L3 segment to corrupt")
+    d.start()
+    _, sk = make(d.sock, R.SCHEDULER, backend="FLASH_ATTN")
+    _, wk = make(d.sock, R.WORKER, backend="FLASH_ATTN")
+    kvk = kv_caches(32, fill=False)
+    wk.register_kv_caches(kvk)
+    rk = request("k", toks)
+    n, _ = sk.get_num_new_matched_tokens(rk, 0)
+    check(n == 7 * P, f"corrupt blocks not in the index: {n}")
+    sk.update_state_after_alloc(rk, blocks(ids_b), n)
+    meta, errs = step(sk, wk, sched_output(rk, ids_b, n, PROMPT - n))
+    check(errs == set(ids_b[:7]), f"corrupt: load errors {errs}")
+    check(not any(t.any() for t in kvk.values()), "corrupt blocks were written")
+    print(f"  ok  blocks failing their checksum: {sorted(errs)} reported for recompute, "
+          "nothing written")
     _, sc = make(d.sock, R.SCHEDULER)
     _, wc = make(d.sock, R.WORKER)
     kvc = kv_caches(32, fill=False)
     wc.register_kv_caches(kvc)
     rc_ = request("c", toks)
+    with d.client() as c:  # the corrupt blocks are gone: store the prefix again
+        c.put(toks[:7 * P], 0, torch.zeros(7, c.block_bytes, dtype=torch.uint8))
     n, _ = sc.get_num_new_matched_tokens(rc_, 0)
+    check(n == 7 * P, f"matched {n} before the daemon went down")
     sc.update_state_after_alloc(rc_, blocks(ids_b), n)
     d.stop()  # goes down between the match and the load
     meta, errs = step(sc, wc, sched_output(rc_, ids_b, n, PROMPT - n))
