@@ -1523,7 +1523,7 @@ status:;
 }
 
 /* =========================================================================================
- * engine side: the pools as the kernels see them (the kernels themselves: engine.c)
+ * engine side: the pools as the kernels see them (the kernels and the public layout: engine.c)
  * ========================================================================================= */
 
 /* storage/pool.c rounds every L2 slot up to a page, so an L2 offset / this stride is a slot */
@@ -1547,7 +1547,7 @@ int kvc_pool_writable(const kvc_client *c, int tier)
     return 0;
 }
 
-int kvc_pool_layout(const kvc_client *c, int tier, tkvk_layout *out)
+int tkv_kvc_kernel_layout(const kvc_client *c, int tier, tkvk_layout *out)
 {
     if (!c || !out)
         return fail(KVC_EINVAL, "client or layout is NULL");

@@ -40,14 +40,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "tkv_kernels.h" /* the engine-side section takes the kernels' parameter structs */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
+/* 0.2: the engine side takes libkvclient's own versioned structs (kvc_store_params, ...) */
 #define KVC_VERSION_MAJOR 0
-#define KVC_VERSION_MINOR 1
+#define KVC_VERSION_MINOR 2
 
 /* ---- status codes ----------------------------------------------------------------------- */
 enum {
@@ -236,12 +236,22 @@ int kvc_commit(kvc_client *c, uint64_t alloc_id, const uint32_t *tokens, size_t 
 int kvc_abort(kvc_client *c, uint64_t alloc_id);
 
 /* ---- engine side: kernels over the daemon's pools -----------------------------------------
- * An attached engine runs the kernels (kernels/tkv_kernels.h) directly on the daemon's pools:
- * L2 is the mapped host pool (CPU kernels), L1 the GPU pool mapped by CUDA IPC (CUDA kernels
- * on the engine's stream). There is no daemon round trip per layer: the daemon is asked only
- * for slots (kvc_alloc_tier), to publish them (kvc_commit) and to pin/move hits (lookup,
- * prefetch, wait). Block ids are slot numbers in a tier's pool: byte offset / pool stride
- * (L2: the page-rounded slot stride; L1: kvc_block_bytes()).
+ * An attached engine runs tierkv's kernels directly on the daemon's pools: L2 is the mapped
+ * host pool (CPU kernels), L1 the GPU pool mapped by CUDA IPC (CUDA kernels on the engine's
+ * stream). There is no daemon round trip per layer: the daemon is asked only for slots
+ * (kvc_alloc_tier), to publish them (kvc_commit) and to pin/move hits (lookup, prefetch,
+ * wait). Block ids are slot numbers in a tier's pool: byte offset / pool stride (L2: the
+ * page-rounded slot stride; L1: kvc_block_bytes()). The kernels' arithmetic (the prologue's
+ * float operations, the attention's split and merge) is described in docs/design.md.
+ *
+ * ABI: the parameter structs below are libkvclient's own (the kernels' structs never cross
+ * this header), and each starts with struct_size. Fill one with its kvc_*_init(p, sizeof *p)
+ * before setting fields: the library reads only the first struct_size bytes and treats the
+ * fields it has and the caller's struct lacks as their defaults, so a program built against
+ * this header keeps working with a later libkvclient whose structs have grown. A struct_size
+ * below the struct's first version (the one in this header), or one larger than the library
+ * knows with a non-zero byte past what it knows (a field it cannot honour), is refused with
+ * KVC_EINVAL.
  *
  * Device memory: L1 is one cudaMalloc chunk of the daemon, opened at connect (on the device
  * whose PCI bus id the daemon announced; the caller's current device is left as it was).
@@ -250,15 +260,35 @@ int kvc_abort(kvc_client *c, uint64_t alloc_id);
  *
  * Thread safety: as the kernels (no shared state); one plan per stream at a time. */
 
+/* KV and query element types, RoPE pairings and RMSNorm placements of the fields below. */
+enum { KVC_DTYPE_FP8_E4M3 = 0, KVC_DTYPE_BF16 = 1 };
+enum { KVC_SCALE_PER_TENSOR = 0, KVC_SCALE_PER_TOKEN_HEAD = 1 };
+enum { KVC_ROPE_NEOX = 0, KVC_ROPE_GPTJ = 1 };
+enum { KVC_NORM_OFF = 0, KVC_NORM_BEFORE_ROPE = 1, KVC_NORM_AFTER_ROPE = 2 };
+
 /* 1 when the daemon's L1 pool is mapped in this process (CUDA build, device visible, single
  * chunk pool), else 0. */
 int kvc_has_l1(const kvc_client *c);
 /* 1 when this process may write the tier's pool (L1 mapped, or L2 mapped writable). */
 int kvc_pool_writable(const kvc_client *c, int tier);
-/* The kernels' layout of the client's geometry with block_stride = that tier's pool stride.
- * KVC_EINVAL for a tier other than L1/L2; KVC_EUNSUPPORTED when the geometry is outside the
- * kernels' shapes. Works without attaching (it is arithmetic). */
-int kvc_pool_layout(const kvc_client *c, int tier, tkvk_layout *out);
+
+/* Where a tier's pages keep their bytes. Block b, layer l lies at
+ *   base + b * block_stride + l * layer_stride:
+ *     K [token][kv_head][dim] at +0, V the same at +v_offset, and in per-token-head mode the K
+ *     scales [token][kv_head] as float32 at +kscale_offset (0 when there are none). */
+typedef struct kvc_layout {
+    size_t struct_size;       /* set by the caller to sizeof(kvc_layout) */
+    uint32_t num_layers, num_kv_heads, head_dim, page_tokens;
+    int kv_dtype;             /* KVC_DTYPE_* */
+    int scale_mode;           /* KVC_SCALE_* */
+    size_t elem_bytes, token_stride, v_offset, kscale_offset, layer_stride, block_stride;
+} kvc_layout;
+
+/* The layout of the client's geometry with block_stride = that tier's pool stride; fills the
+ * first out->struct_size bytes (which the caller sets to sizeof *out). KVC_EINVAL for a tier
+ * other than L1/L2 or a struct_size below the first version's; KVC_EUNSUPPORTED when the
+ * geometry is outside the kernels' shapes. Works without attaching (it is arithmetic). */
+int kvc_pool_layout(const kvc_client *c, int tier, kvc_layout *out);
 /* Block 0 of the tier's pool: L2 the host mapping (read-only unless trusted), L1 a device
  * pointer. NULL with kvc_last_error() set when that pool is not mapped here. */
 void *kvc_pool_base(const kvc_client *c, int tier);
@@ -277,27 +307,98 @@ int64_t kvc_lease_block_id(const kvc_client *c, const kvc_lease *l, uint32_t i, 
 int kvc_alloc_tier(kvc_client *c, int tier, uint32_t num_blocks, uint64_t *alloc_id,
                    uint64_t *offsets);
 
-/* One layer of the fused prologue into the tier's pool: sets p->pool and p->num_blocks,
- * points p->layout at the tier's layout for the call (the caller's p->layout is ignored and
- * restored on return), then runs tkvk_prologue_cuda on stream
- * (L1: every pointer in p device memory) or tkvk_prologue_cpu (L2: host memory, stream
- * unused; needs the writable mapping of a trusted client, KVC_EINVAL otherwise). The
- * slot_mapping holds pool block ids * page_tokens + offset, for slots the caller allocated
- * and has not committed yet. Kernel failures map to KVC_EINVAL / KVC_EUNSUPPORTED /
- * KVC_EINTERNAL (CUDA) / KVC_EUNAVAILABLE (no GPU), with the kernel's reason. */
-int kvc_store(kvc_client *c, int tier, tkvk_prologue_params *p, void *stream);
+/* One layer of one forward step through the fused prologue: per token the packed BF16 QKV
+ * row goes through [RMSNorm] -> RoPE -> [RMSNorm] -> [Hadamard rotation] of the Q and K heads;
+ * Q comes out as FP8 with a per-(token, head) scale or as BF16, and K, V are quantised into
+ * the tier's pages at slot_mapping. Hkv, head_dim and page_tokens come from the geometry.
+ * Pointers are device memory for L1, host memory for L2; none is kept after the call (L1:
+ * after the work on the stream completes). */
+typedef struct kvc_store_params {
+    size_t struct_size;           /* kvc_store_params_init sets it */
+    const uint16_t *qkv;          /* bf16 [num_tokens][qkv_stride]: Hq Q, Hkv K, Hkv V heads */
+    size_t qkv_stride;            /* elements between token rows; 0 = packed (Hq + 2 Hkv) * D */
+    int num_tokens;               /* >= 0 */
+    int num_q_heads;              /* Hq: a multiple of Hkv, group Hq / Hkv <= 16 */
+    const int32_t *positions;     /* [num_tokens], each in [0, max_pos) */
+    const float *rope_cos;        /* [max_pos][D/2] */
+    const float *rope_sin;        /* [max_pos][D/2] */
+    int max_pos;                  /* >= 1 */
+    int rope_style;               /* KVC_ROPE_*; default NeoX */
+    int norm_mode;                /* KVC_NORM_*; default off */
+    float norm_eps;               /* > 0 when norm_mode is not off; default 1e-6 */
+    const float *q_norm_weight;   /* [D], when norm_mode is not off */
+    const float *k_norm_weight;   /* [D], when norm_mode is not off */
+    int hadamard;                 /* 0 or 1 */
+    int q_dtype;                  /* KVC_DTYPE_*; default FP8 */
+    void *q_out;                  /* [num_tokens][Hq][D] */
+    float *q_scale_out;           /* [num_tokens][Hq], FP8 Q only */
+    int layer;                    /* 0 .. num_layers-1 */
+    const int64_t *slot_mapping;  /* [num_tokens]: pool block id * page_tokens + offset, or -1
+                                   * (the token's K/V are not stored) */
+    float k_scale, v_scale;       /* FP8 per-tensor mode; > 0; default 1 */
+    const float *v_head_scales;   /* [Hkv], FP8 per-token-head mode */
+    int num_reqs;                 /* >= 0: requests whose last page gets its tail zeroed */
+    const int64_t *req_last_slot; /* [num_reqs]: slot of each request's last token, or -1 */
+} kvc_store_params;
 
-/* Decode attention over blocks of the tier's pool: fills a->pool, a->layout and
- * a->num_blocks (a->layout restored on return, as kvc_store), then L1:
- * tkvk_decode_plan_cuda(plan, a->kv_lens, a->num_requests) + tkvk_decode_attend_cuda on stream (plan from tkvk_decode_plan_create, sized by the
- * caller; all pointers of a device memory); L2: tkvk_decode_cpu (plan and stream unused).
- * The block table holds pool block ids (kvc_lease_block_id), which must stay leased until the
- * work is done. O and LSE (base 2) merge with kvc_merge. */
-int kvc_attend(kvc_client *c, int tier, tkvk_decode_args *a, tkvk_decode_plan *plan,
+/* Zeroes the first struct_size bytes of *p (pass sizeof *p), then sets struct_size and the
+ * defaults above. KVC_EINVAL when p is NULL or struct_size is below the first version's. */
+int kvc_store_params_init(kvc_store_params *p, size_t struct_size);
+
+/* Runs the prologue of *p into the tier's pool, on stream (L1: a cudaStream_t of the pool's
+ * device; unused for L2). L2 needs the writable mapping of a trusted client (KVC_EINVAL
+ * otherwise). The slots must be ones the caller allocated and has not committed yet. Bad
+ * shapes are KVC_EUNSUPPORTED, bad values KVC_EINVAL (the CPU path checks positions and
+ * slots; the GPU cannot refuse after launch: a bad position is clamped, a bad slot skipped),
+ * a CUDA failure KVC_EINTERNAL, no GPU KVC_EUNAVAILABLE; kvc_last_error() gives the reason. */
+int kvc_store(kvc_client *c, int tier, const kvc_store_params *p, void *stream);
+
+/* Decode attention of one step over blocks of a tier's pool. Every request has q_len new
+ * query tokens (already counted in its kv_len); token t of a request with kv_len L sees KV
+ * positions < L - q_len + t + 1. O is BF16, LSE base 2 (so two key sets merge with kvc_merge);
+ * a row that sees no position gets O = 0, LSE = -inf. Pointers as for kvc_store_params. */
+typedef struct kvc_attend_args {
+    size_t struct_size;           /* kvc_attend_args_init sets it */
+    int layer;                    /* 0 .. num_layers-1 */
+    int num_requests;             /* >= 0 */
+    int num_q_heads;              /* Hq; group Hq / Hkv in 1..16 */
+    int q_len;                    /* 1..8; default 1 */
+    int q_dtype;                  /* KVC_DTYPE_*; default BF16 */
+    const void *q;                /* [num_requests][q_len][Hq][D] */
+    const float *q_scales;        /* [num_requests][q_len][Hq], FP8 Q only */
+    const int32_t *kv_lens;       /* [num_requests], 0 .. block_table_stride * page_tokens */
+    const int32_t *block_table;   /* [num_requests][block_table_stride] pool block ids */
+    int block_table_stride;       /* >= 1 */
+    float k_scale, v_scale;       /* FP8 per-tensor mode; default 1 */
+    const float *v_head_scales;   /* [Hkv], FP8 per-token-head mode */
+    float sm_scale;               /* softmax scale; 0 (default) = 1/sqrt(head_dim) */
+    void *out;                    /* bf16 [num_requests][q_len][Hq][D] */
+    float *lse;                   /* [num_requests][q_len][Hq]; NULL: not written */
+} kvc_attend_args;
+
+/* As kvc_store_params_init. */
+int kvc_attend_args_init(kvc_attend_args *a, size_t struct_size);
+
+/* The GPU decode plan: the device task map and partial-result workspace of steps of up to
+ * max_requests requests with num_q_heads query heads and up to max_q_len (1..8) new tokens
+ * each, in the client's geometry. One plan serves one stream at a time; it lives until
+ * kvc_plan_destroy (which needs no client, and may outlive kvc_close). KVC_EUNAVAILABLE
+ * without a usable GPU (L2 attention needs no plan). */
+typedef struct kvc_plan kvc_plan;
+int kvc_plan_create(const kvc_client *c, int max_requests, int num_q_heads, int max_q_len,
+                    kvc_plan **out);
+void kvc_plan_destroy(kvc_plan *plan); /* NULL is ignored */
+
+/* Runs *a over the tier's pool: L1 plans on the device (from a->kv_lens, no host round trip)
+ * and attends on stream with plan (required); L2 runs the CPU attention (plan and stream
+ * unused). The block table's blocks must stay leased until the work is done. Errors as
+ * kvc_store. */
+int kvc_attend(kvc_client *c, int tier, const kvc_attend_args *a, kvc_plan *plan,
                void *stream);
 
-/* Merges two (O, LSE) sets of num_rows rows (tkvk_merge_states_*): on stream with device
- * pointers for L1, on the CPU for L2. out/out_lse may alias an input. */
+/* Merges two (O, LSE) sets of num_rows rows (O bf16 [num_rows][head_dim], LSE base 2): on
+ * stream with device pointers for L1, on the CPU for L2. A set whose LSE is -inf contributes
+ * nothing. out/out_lse may alias an input. */
 int kvc_merge(kvc_client *c, int tier, const uint16_t *o_a, const float *lse_a,
               const uint16_t *o_b, const float *lse_b, int num_rows, int head_dim,
               uint16_t *out, float *out_lse, void *stream);

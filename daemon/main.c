@@ -6,8 +6,12 @@
  *         in-flight calls; HTTP and attach close (attached clients' leases are released); the
  *         store closes, finishing write-backs and closing RocksDB; sockets and pid file are
  *         removed; exit 0. SIGHUP reopens the log file.
- * Signals are blocked in every thread and taken synchronously by main() with sigwait, so no
+ * Signals are blocked in every thread and taken synchronously by run() with sigwait, so no
  * handler runs in the middle of gRPC or the store.
+ *
+ * main() is the steps in order, each one job: load_config, become_daemon (folders, pid file,
+ * detach, log, signal mask), open_store (GPU L1, store, L2 pinned), start_servers (attach,
+ * gRPC, HTTP), run, shut_down (undoes whatever the steps made, also after a failed start).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -287,230 +291,266 @@ static void write_http_file(const char *path, const char *addr, uint16_t port)
         TKV_LOG(TKV_LOG_WARN, "cannot write %s: %s", path, strerror(errno));
 }
 
-/* ---- main ------------------------------------------------------------------------------------- */
+/* ---- the daemon's state, and its life in steps --------------------------------------------- */
 
-int main(int argc, char **argv)
-{
+/* Everything a running tierkvd holds. Each step below takes what it needs from here and leaves
+ * what it made; shut_down() undoes whatever exists, whichever step stopped the start. A new
+ * tier or server gets its field here, its start in the step it belongs to and its stop in
+ * shut_down(). */
+typedef struct daemon_state {
     tkvd_config cfg;
-    cli cl = {0};
-    char err[TKVD_ERR_LEN];
-    int code = EXIT_RUNTIME;
-    int pid_fd = -1, ready_fd = -1;
-    bool log_open = false;
-    tkv_store_opts *so = NULL;
-    tkv_store *store = NULL;
-    tkvd_attach *attach = NULL;
-    tkvd_gpu *gpu = NULL;
-    tkvd_server *server = NULL;
-    tkvd_http *http = NULL;
-    char http_file[PATH_MAX];
-    http_file[0] = 0;
+    cli cl;
+    int pid_fd, ready_fd;       /* pid file lock; pipe to the waiting parent (-1: none) */
+    bool log_open;
+    sigset_t sigs;              /* taken by run() with sigwait */
     tkvd_metrics metrics;
-    tkvd_metrics_init(&metrics);
-    tkvd_service svc = {0};
+    tkvd_gpu *gpu;
+    tkv_store_opts *so;
+    tkv_store *store;
+    tkvd_attach *attach;
+    tkvd_service svc;           /* the gRPC methods' context */
+    tkvd_server *server;
+    tkvd_http_source hsrc;      /* borrowed by the HTTP server until it stops */
+    tkvd_http *http;
+    char http_file[PATH_MAX];   /* "" until written */
+} daemon_state;
 
-    tkvd_config_init(&cfg);
-    int rc = parse_args(argc, argv, &cfg, &cl, false);
-    if (rc != 0) {
-        tkvd_config_free(&cfg);
-        return rc < 0 ? 0 : rc;
+/* Defaults < file < flags, then the checks across keys. Returns 0 to go on, -1 to exit 0
+ * (--help, --version, --check-config done), or an exit code. */
+static int load_config(daemon_state *d, int argc, char **argv)
+{
+    char err[TKVD_ERR_LEN];
+    int rc = parse_args(argc, argv, &d->cfg, &d->cl, false);
+    if (rc != 0)
+        return rc;
+    if (d->cl.config_path &&
+        tkvd_config_load(&d->cfg, d->cl.config_path, err, sizeof(err)) != TKV_OK) {
+        fprintf(stderr, "tierkvd: %s\n", err);
+        return EXIT_CONFIG;
     }
-    if (cl.config_path) {
-        rc = tkvd_config_load(&cfg, cl.config_path, err, sizeof(err));
-        if (rc != TKV_OK) {
-            fprintf(stderr, "tierkvd: %s\n", err);
-            tkvd_config_free(&cfg);
-            return EXIT_CONFIG;
-        }
-    }
-    rc = parse_args(argc, argv, &cfg, &cl, true);
-    if (rc == 0 && tkvd_config_finish(&cfg, err, sizeof(err)) != TKV_OK) {
+    rc = parse_args(argc, argv, &d->cfg, &d->cl, true);
+    if (rc == 0 && tkvd_config_finish(&d->cfg, err, sizeof(err)) != TKV_OK) {
         fprintf(stderr, "tierkvd: %s\n", err);
         rc = EXIT_CONFIG;
     }
-    if (rc != 0) {
-        tkvd_config_free(&cfg);
+    if (rc != 0)
         return rc;
+    if (d->cl.check_only) {
+        tkvd_config_print(&d->cfg, stdout);
+        printf("# block_bytes = %zu, l2 = %" PRIu64 " blocks\n", d->cfg.block_bytes,
+               tkvd_config_l2_blocks(&d->cfg));
+        return -1;
     }
-    if (cl.check_only) {
-        tkvd_config_print(&cfg, stdout);
-        printf("# block_bytes = %zu, l2 = %" PRIu64 " blocks\n", cfg.block_bytes,
-               tkvd_config_l2_blocks(&cfg));
-        tkvd_config_free(&cfg);
-        return 0;
-    }
+    return 0;
+}
 
-    tkv_log_level = cfg.log_level;
-    if (mkdir_p(cfg.data_dir, 0750) != 0) {
-        fprintf(stderr, "tierkvd: data_dir %s: %s\n", cfg.data_dir, strerror(errno));
-        code = EXIT_CONFIG;
-        goto out;
+/* Folders, the pid file, detaching, the log and the signal mask: from here on the process is
+ * the one daemon of its pid file. Returns 0 or an exit code. */
+static int become_daemon(daemon_state *d)
+{
+    const tkvd_config *cfg = &d->cfg;
+    tkv_log_level = cfg->log_level;
+    if (mkdir_p(cfg->data_dir, 0750) != 0) {
+        fprintf(stderr, "tierkvd: data_dir %s: %s\n", cfg->data_dir, strerror(errno));
+        return EXIT_CONFIG;
     }
-    if (mkdir_p(cfg.run_dir, 0755) != 0) {
-        fprintf(stderr, "tierkvd: run_dir %s: %s\n", cfg.run_dir, strerror(errno));
-        code = EXIT_CONFIG;
-        goto out;
+    if (mkdir_p(cfg->run_dir, 0755) != 0) {
+        fprintf(stderr, "tierkvd: run_dir %s: %s\n", cfg->run_dir, strerror(errno));
+        return EXIT_CONFIG;
     }
     /* Check the lock before detaching so that "already running" reaches the terminal. */
     long holder = 0;
-    pid_fd = lock_pid_file(cfg.pid_file, &holder);
-    if (pid_fd == -2) {
+    d->pid_fd = lock_pid_file(cfg->pid_file, &holder);
+    if (d->pid_fd == -2) {
         fprintf(stderr, "tierkvd: another tierkvd (pid %ld) is running with pid file %s\n",
-                holder, cfg.pid_file);
-        code = EXIT_RUNNING;
-        goto out;
+                holder, cfg->pid_file);
+        d->pid_fd = -1;
+        return EXIT_RUNNING;
     }
-    if (pid_fd < 0) {
-        fprintf(stderr, "tierkvd: pid file %s: %s\n", cfg.pid_file, strerror(errno));
-        goto out;
+    if (d->pid_fd < 0) {
+        fprintf(stderr, "tierkvd: pid file %s: %s\n", cfg->pid_file, strerror(errno));
+        return EXIT_RUNTIME;
     }
-    if (!cfg.foreground) {
+    if (!cfg->foreground) {
         /* flock belongs to the open file description, which the child shares: the lock
          * survives the parent's exit. gRPC is not initialised yet, so fork is safe. */
-        if (detach(&ready_fd) != 0) {
+        if (detach(&d->ready_fd) != 0) {
             fprintf(stderr, "tierkvd: cannot detach: %s\n", strerror(errno));
-            goto out;
+            return EXIT_RUNTIME;
         }
     }
-    if (write_pid(pid_fd) != 0) {
-        fprintf(stderr, "tierkvd: pid file %s: %s\n", cfg.pid_file, strerror(errno));
-        goto out;
+    if (write_pid(d->pid_fd) != 0) {
+        fprintf(stderr, "tierkvd: pid file %s: %s\n", cfg->pid_file, strerror(errno));
+        return EXIT_RUNTIME;
     }
-    if (tkv_log_open(*cfg.log_file ? cfg.log_file : NULL) != TKV_OK) {
-        fprintf(stderr, "tierkvd: cannot open log file %s\n", cfg.log_file);
-        code = EXIT_CONFIG;
-        goto out;
+    if (tkv_log_open(*cfg->log_file ? cfg->log_file : NULL) != TKV_OK) {
+        fprintf(stderr, "tierkvd: cannot open log file %s\n", cfg->log_file);
+        return EXIT_CONFIG;
     }
-    log_open = true;
-    if (!cfg.foreground)
+    d->log_open = true;
+    if (!cfg->foreground)
         release_stderr();
 
     /* Every thread created from here inherits this mask; main takes the signals with sigwait. */
-    sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGTERM);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGHUP);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    sigemptyset(&d->sigs);
+    sigaddset(&d->sigs, SIGTERM);
+    sigaddset(&d->sigs, SIGINT);
+    sigaddset(&d->sigs, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &d->sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
     TKV_LOG(TKV_LOG_INFO, "tierkvd %s starting: model '%s', %u layers, %u kv heads, head dim %u, "
             "%u tokens/block, %s, %s; block %zu bytes; l2 %" PRIu64 " blocks; l3 %s",
-            TKVD_VERSION, cfg.geometry.model_id, cfg.geometry.num_layers, cfg.geometry.num_kv_heads,
-            cfg.geometry.head_dim, cfg.geometry.block_tokens, tkvd_dtype_name(cfg.geometry.dtype),
-            tkvd_scale_mode_name(cfg.geometry.scale_mode), cfg.block_bytes,
-            tkvd_config_l2_blocks(&cfg), cfg.l3_enabled ? cfg.l3_dir : "off");
+            TKVD_VERSION, cfg->geometry.model_id, cfg->geometry.num_layers,
+            cfg->geometry.num_kv_heads, cfg->geometry.head_dim, cfg->geometry.block_tokens,
+            tkvd_dtype_name(cfg->geometry.dtype), tkvd_scale_mode_name(cfg->geometry.scale_mode),
+            cfg->block_bytes, tkvd_config_l2_blocks(cfg), cfg->l3_enabled ? cfg->l3_dir : "off");
+    return 0;
+}
 
+/* The store's options from the configuration (the L1 tier's where the GPU is open).
+ * Returns 0 or an exit code. */
+static int store_options(daemon_state *d)
+{
+    const tkvd_config *cfg = &d->cfg;
+    tkv_store_opts *so = d->so = tkv_store_opts_new();
+    if (d->gpu &&
+        tkv_store_opts_set_l1(so, tkvd_gpu_l1_blocks(d->gpu), &tkvd_gpu_l1_ops, d->gpu) != TKV_OK) {
+        TKV_LOG(TKV_LOG_ERROR, "the store refused the L1 tier");
+        return EXIT_RUNTIME;
+    }
+    if (tkv_store_opts_set_block(so, cfg->block_bytes, cfg->geometry.block_tokens) != TKV_OK ||
+        tkv_store_opts_set_fingerprint(so, cfg->fingerprint) != TKV_OK ||
+        tkv_store_opts_set_l2_blocks(so, tkvd_config_l2_blocks(cfg)) != TKV_OK ||
+        tkv_store_opts_set_l3(so, cfg->l3_enabled ? cfg->l3_dir : NULL,
+                              cfg->l3_capacity_bytes) != TKV_OK ||
+        tkv_store_opts_set_l3_zstd_level(so, cfg->zstd_level) != TKV_OK ||
+        tkv_store_opts_set_l3_io_mode(so, cfg->io_mode) != TKV_OK ||
+        tkv_store_opts_set_write_through(so, cfg->write_through) != TKV_OK ||
+        tkv_store_opts_set_policy(so, cfg->policy) != TKV_OK ||
+        tkv_store_opts_set_workers(so, cfg->store_workers) != TKV_OK ||
+        tkv_store_opts_set_lease_ttl_ms(so, cfg->lease_ttl_ms, cfg->lease_ttl_max_ms) != TKV_OK) {
+        TKV_LOG(TKV_LOG_ERROR, "the store refused the configuration (see the lines above)");
+        return EXIT_CONFIG;
+    }
+    return 0;
+}
+
+/* The tiers: the GPU's L1 pool where there is one, then the store (L2 pool + L3), then the L2
+ * pool pinned for the GPU's DMA. Returns 0 or an exit code. */
+static int open_store(daemon_state *d)
+{
+    const tkvd_config *cfg = &d->cfg;
     /* The GPU tier: where a GPU exists and l1_bytes > 0. Without one the daemon serves L2 + L3
      * (the embedded default on a machine with no GPU). */
-    if (cfg.l1_bytes / cfg.block_bytes > 0) {
-        rc = tkvd_gpu_open(cfg.gpu_device, cfg.l1_bytes / cfg.block_bytes, cfg.block_bytes, &gpu);
+    if (cfg->l1_bytes / cfg->block_bytes > 0) {
+        int rc = tkvd_gpu_open(cfg->gpu_device, cfg->l1_bytes / cfg->block_bytes,
+                               cfg->block_bytes, &d->gpu);
         if (rc != TKV_OK && rc != TKV_EUNSUPPORTED) {
             TKV_LOG(TKV_LOG_ERROR, "gpu: cannot set up the L1 pool (%s); lower l1_bytes or set "
                     "it to 0", tkv_strerror(rc));
-            goto out;
+            return EXIT_RUNTIME;
         }
     }
-
-    so = tkv_store_opts_new();
-    if (gpu && tkv_store_opts_set_l1(so, tkvd_gpu_l1_blocks(gpu), &tkvd_gpu_l1_ops, gpu) != TKV_OK) {
-        TKV_LOG(TKV_LOG_ERROR, "the store refused the L1 tier");
-        goto out;
-    }
-    if (tkv_store_opts_set_block(so, cfg.block_bytes, cfg.geometry.block_tokens) != TKV_OK ||
-        tkv_store_opts_set_fingerprint(so, cfg.fingerprint) != TKV_OK ||
-        tkv_store_opts_set_l2_blocks(so, tkvd_config_l2_blocks(&cfg)) != TKV_OK ||
-        tkv_store_opts_set_l3(so, cfg.l3_enabled ? cfg.l3_dir : NULL, cfg.l3_capacity_bytes) != TKV_OK ||
-        tkv_store_opts_set_l3_zstd_level(so, cfg.zstd_level) != TKV_OK ||
-        tkv_store_opts_set_l3_io_mode(so, cfg.io_mode) != TKV_OK ||
-        tkv_store_opts_set_write_through(so, cfg.write_through) != TKV_OK ||
-        tkv_store_opts_set_policy(so, cfg.policy) != TKV_OK ||
-        tkv_store_opts_set_workers(so, cfg.store_workers) != TKV_OK ||
-        tkv_store_opts_set_lease_ttl_ms(so, cfg.lease_ttl_ms, cfg.lease_ttl_max_ms) != TKV_OK) {
-        TKV_LOG(TKV_LOG_ERROR, "the store refused the configuration (see the lines above)");
-        code = EXIT_CONFIG;
-        goto out;
-    }
-    rc = tkv_store_open(so, &store);
+    int code = store_options(d);
+    if (code != 0)
+        return code;
+    int rc = tkv_store_open(d->so, &d->store);
     if (rc == TKV_EGEOMETRY) {
         TKV_LOG(TKV_LOG_ERROR, "l3_dir %s holds blocks of another geometry or model; use another "
-                "data_dir/l3_dir or the geometry it was made with", cfg.l3_dir);
-        code = EXIT_CONFIG;
-        goto out;
+                "data_dir/l3_dir or the geometry it was made with", cfg->l3_dir);
+        return EXIT_CONFIG;
     }
     if (rc != TKV_OK) {
         TKV_LOG(TKV_LOG_ERROR, "cannot open the store: %s", tkv_strerror(rc));
-        goto out;
+        return EXIT_RUNTIME;
     }
-
-    if (gpu && tkvd_gpu_pin_l2(gpu, tkv_store_l2_ptr(store, 0), tkv_store_l2_bytes(store),
-                               tkv_store_l2_slot_stride(store)) != TKV_OK) {
+    if (d->gpu && tkvd_gpu_pin_l2(d->gpu, tkv_store_l2_ptr(d->store, 0),
+                                  tkv_store_l2_bytes(d->store),
+                                  tkv_store_l2_slot_stride(d->store)) != TKV_OK) {
         TKV_LOG(TKV_LOG_ERROR, "gpu: cannot pin the L2 pool for DMA");
-        goto out;
+        return EXIT_RUNTIME;
     }
-    if (tkvd_attach_start(cfg.attach_socket, store, cfg.fingerprint, &metrics, &attach) != TKV_OK)
-        goto out;
-    tkvd_attach_allow_writable(attach, cfg.attach_writable);
-    if (gpu) {
+    return 0;
+}
+
+/* The attach socket, the gRPC server and HTTP, in that order (engines may attach before the
+ * first call). Returns 0 or an exit code. */
+static int start_servers(daemon_state *d)
+{
+    const tkvd_config *cfg = &d->cfg;
+    if (tkvd_attach_start(cfg->attach_socket, d->store, cfg->fingerprint, &d->metrics,
+                          &d->attach) != TKV_OK)
+        return EXIT_RUNTIME;
+    tkvd_attach_allow_writable(d->attach, cfg->attach_writable);
+    if (d->gpu) {
         tkv_attach_gpu info;
-        tkvd_gpu_attach_info(gpu, &info);
-        tkvd_attach_offer_gpu(attach, &info);
+        tkvd_gpu_attach_info(d->gpu, &info);
+        tkvd_attach_offer_gpu(d->attach, &info);
     }
 
-    svc.store = store;
-    svc.cfg = &cfg;
-    svc.metrics = &metrics;
-    svc.attach = attach;
-    svc.version = TKVD_VERSION;
-    svc.rates.pcie_gbps = tkvd_gpu_h2d_gbps(gpu);
-    svc.rates.l3_read_gbps = cfg.l3_read_mbps / 1000.0;
-    atomic_init(&svc.stopping, false);
-    atomic_init(&svc.abort_waits, false);
+    tkvd_service *svc = &d->svc;
+    svc->store = d->store;
+    svc->cfg = &d->cfg;
+    svc->metrics = &d->metrics;
+    svc->attach = d->attach;
+    svc->version = TKVD_VERSION;
+    svc->rates.pcie_gbps = tkvd_gpu_h2d_gbps(d->gpu);
+    svc->rates.l3_read_gbps = cfg->l3_read_mbps / 1000.0;
+    atomic_init(&svc->stopping, false);
+    atomic_init(&svc->abort_waits, false);
 
-    tkvd_server_opts sopts = {
-        .unix_path = cfg.grpc_socket,
-        .tcp_addr = cfg.grpc_tcp,
-        .tls_cert_file = cfg.tls_cert,
-        .tls_key_file = cfg.tls_key,
-        .cq_threads = cfg.cq_threads,
-        .workers = cfg.rpc_workers,
-        .max_recv_bytes = tkvd_service_max_recv_bytes(&cfg),
-        .max_send_bytes = tkvd_service_max_send_bytes(&cfg),
-        .drain_timeout_ms = cfg.drain_timeout_ms,
-        .ctx = &svc,
+    tkvd_server_opts sopts = { /* copied by tkvd_server_start */
+        .unix_path = cfg->grpc_socket,
+        .tcp_addr = cfg->grpc_tcp,
+        .tls_cert_file = cfg->tls_cert,
+        .tls_key_file = cfg->tls_key,
+        .cq_threads = cfg->cq_threads,
+        .workers = cfg->rpc_workers,
+        .max_recv_bytes = tkvd_service_max_recv_bytes(cfg),
+        .max_send_bytes = tkvd_service_max_send_bytes(cfg),
+        .drain_timeout_ms = cfg->drain_timeout_ms,
+        .ctx = svc,
         .on_drain_timeout = tkvd_service_abort_waits,
-        .metrics = &metrics,
+        .metrics = &d->metrics,
     };
     sopts.methods = tkvd_service_methods(&sopts.num_methods);
-    if (tkvd_server_start(&sopts, &server) != TKV_OK)
-        goto out;
+    if (tkvd_server_start(&sopts, &d->server) != TKV_OK)
+        return EXIT_RUNTIME;
     TKV_LOG(TKV_LOG_INFO, "grpc: messages up to %zu bytes in, %zu out (%u blocks per rpc)",
-            sopts.max_recv_bytes, sopts.max_send_bytes, cfg.max_blocks_per_rpc);
+            sopts.max_recv_bytes, sopts.max_send_bytes, cfg->max_blocks_per_rpc);
 
-    tkvd_http_source hsrc = {
-        .store = store,
-        .metrics = &metrics,
-        .geometry = &cfg.geometry,
-        .policy_name = cfg.policy,
+    d->hsrc = (tkvd_http_source){
+        .store = d->store,
+        .metrics = &d->metrics,
+        .geometry = &d->cfg.geometry,
+        .policy_name = cfg->policy,
         .version = TKVD_VERSION,
     };
-    if (cfg.http_enabled) {
-        if (tkvd_http_start(cfg.http_address, (uint16_t)cfg.http_port, &hsrc, &http) != TKV_OK) {
-            TKV_LOG(TKV_LOG_ERROR, "http: cannot listen on %s:%u", cfg.http_address, cfg.http_port);
-            goto out;
+    if (cfg->http_enabled) {
+        if (tkvd_http_start(cfg->http_address, (uint16_t)cfg->http_port, &d->hsrc,
+                            &d->http) != TKV_OK) {
+            TKV_LOG(TKV_LOG_ERROR, "http: cannot listen on %s:%u", cfg->http_address,
+                    cfg->http_port);
+            return EXIT_RUNTIME;
         }
-        uint16_t port = tkvd_http_port(http);
-        snprintf(http_file, sizeof(http_file), "%s/tierkvd.http", cfg.run_dir);
-        write_http_file(http_file, cfg.http_address, port);
-        TKV_LOG(TKV_LOG_INFO, "http: listening on %s:%u", cfg.http_address, (unsigned)port);
+        uint16_t port = tkvd_http_port(d->http);
+        snprintf(d->http_file, sizeof(d->http_file), "%s/tierkvd.http", cfg->run_dir);
+        write_http_file(d->http_file, cfg->http_address, port);
+        TKV_LOG(TKV_LOG_INFO, "http: listening on %s:%u", cfg->http_address, (unsigned)port);
     }
+    return 0;
+}
 
+/* Serving: tells the waiting parent, then takes signals until SIGTERM or SIGINT (SIGHUP
+ * reopens the log). Returns 0, the exit code of a clean stop. */
+static int run(daemon_state *d)
+{
     TKV_LOG(TKV_LOG_INFO, "tierkvd ready (pid %ld)", (long)getpid());
-    report_ready(&ready_fd, 0);
-
+    report_ready(&d->ready_fd, 0);
     for (;;) {
         int sig = 0;
-        if (sigwait(&sigs, &sig) != 0)
+        if (sigwait(&d->sigs, &sig) != 0)
             continue;
         if (sig == SIGHUP) {
             if (tkv_log_reopen() == TKV_OK)
@@ -521,36 +561,64 @@ int main(int argc, char **argv)
         }
         TKV_LOG(TKV_LOG_INFO, "%s: stopping (draining in-flight calls)",
                 sig == SIGTERM ? "SIGTERM" : "SIGINT");
-        break;
+        return 0;
     }
-    code = 0;
+}
 
-out:
-    atomic_store(&svc.stopping, true);
-    tkvd_server_stop(server);
-    tkvd_http_stop(http);
-    tkvd_attach_stop(attach);
-    if (store) {
+/* The orderly stop, also of a start that failed part-way (every stop takes NULL): servers
+ * first (gRPC drains its in-flight calls), then the store (write-backs finish), then the GPU
+ * pool, the files in the run folder and the pid file. Reports code to a waiting parent. */
+static void shut_down(daemon_state *d, int code)
+{
+    atomic_store(&d->svc.stopping, true);
+    tkvd_server_stop(d->server);
+    tkvd_http_stop(d->http);
+    tkvd_attach_stop(d->attach);
+    if (d->store) {
         uint64_t t0 = tkv_now_ns();
-        tkv_store_close(store);
+        tkv_store_close(d->store);
         TKV_LOG(TKV_LOG_INFO, "store closed (write-backs finished) in %" PRIu64 " ms",
                 (tkv_now_ns() - t0) / 1000000u);
     }
-    tkvd_gpu_close(gpu); /* after the store: its workers may still be copying */
-    tkv_store_opts_free(so);
-    if (pid_fd >= 0) /* the lock proves the socket is ours (or a dead daemon's) */
-        unlink(cfg.grpc_socket);
-    if (http_file[0])
-        unlink(http_file);
-    if (pid_fd >= 0) {
-        unlink(cfg.pid_file);
-        close(pid_fd);
+    tkvd_gpu_close(d->gpu); /* after the store: its workers may still be copying */
+    tkv_store_opts_free(d->so);
+    if (d->pid_fd >= 0) /* the lock proves the socket is ours (or a dead daemon's) */
+        unlink(d->cfg.grpc_socket);
+    if (d->http_file[0])
+        unlink(d->http_file);
+    if (d->pid_fd >= 0) {
+        unlink(d->cfg.pid_file);
+        close(d->pid_fd);
     }
     if (code == 0)
         TKV_LOG(TKV_LOG_INFO, "tierkvd stopped");
-    else if (log_open) /* before that, the reason went to stderr already */
+    else if (d->log_open) /* before that, the reason went to stderr already */
         TKV_LOG(TKV_LOG_ERROR, "tierkvd failed to start or run (exit %d)", code);
-    report_ready(&ready_fd, (unsigned char)code);
-    tkvd_config_free(&cfg);
+    report_ready(&d->ready_fd, (unsigned char)code);
+}
+
+/* ---- main ------------------------------------------------------------------------------------- */
+
+int main(int argc, char **argv)
+{
+    static daemon_state d; /* static: large (paths), and zeroed */
+    d.pid_fd = d.ready_fd = -1;
+    tkvd_metrics_init(&d.metrics);
+    tkvd_config_init(&d.cfg);
+
+    int code = load_config(&d, argc, argv);
+    if (code != 0) { /* nothing started yet */
+        tkvd_config_free(&d.cfg);
+        return code < 0 ? 0 : code;
+    }
+    code = become_daemon(&d);
+    if (code == 0)
+        code = open_store(&d);
+    if (code == 0)
+        code = start_servers(&d);
+    if (code == 0)
+        code = run(&d);
+    shut_down(&d, code);
+    tkvd_config_free(&d.cfg);
     return code;
 }

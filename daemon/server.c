@@ -27,6 +27,7 @@
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
 #include <grpc/slice.h>
+#include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 
 #include "tkv_base.h"
@@ -209,11 +210,49 @@ static int timeout_left_ms(gpr_timespec deadline)
     return ms > INT32_MAX ? INT32_MAX : (int)ms;
 }
 
+/* Copies at most cap-1 bytes of a slice or string, NUL-terminated. */
+static void copy_bounded(char *dst, size_t cap, const char *src, size_t n)
+{
+    if (n >= cap)
+        n = cap - 1;
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+/* Who sent the call: the peer address, the TLS client certificate's CN, a bearer token. */
+static void call_peer(rpc *r, tkvd_call_info *ci)
+{
+    char *peer = grpc_call_get_peer(r->call);
+    if (peer) {
+        copy_bounded(ci->peer, sizeof(ci->peer), peer, strlen(peer));
+        ci->is_unix = strncmp(peer, "unix:", 5) == 0;
+        gpr_free(peer);
+    }
+    grpc_auth_context *ac = grpc_call_auth_context(r->call);
+    if (ac) {
+        grpc_auth_property_iterator it =
+            grpc_auth_context_find_properties_by_name(ac, GRPC_X509_CN_PROPERTY_NAME);
+        const grpc_auth_property *p = grpc_auth_property_iterator_next(&it);
+        if (p)
+            copy_bounded(ci->tls_subject, sizeof(ci->tls_subject), p->value, p->value_length);
+        grpc_auth_context_release(ac);
+    }
+    for (size_t i = 0; i < r->md.count; i++) {
+        const grpc_metadata *md = &r->md.metadata[i];
+        if (grpc_slice_str_cmp(md->key, "authorization") == 0) {
+            copy_bounded(ci->token, sizeof(ci->token), (const char *)GRPC_SLICE_START_PTR(md->value),
+                         GRPC_SLICE_LENGTH(md->value));
+            break;
+        }
+    }
+}
+
 /* Runs the handler and finishes the call; on a queue thread or a worker. */
 static void run(rpc *r)
 {
     const tkvd_method *m = &r->srv->methods[r->im];
-    tkvd_call_info ci = {.timeout_ms = timeout_left_ms(r->deadline)};
+    tkvd_call_info ci = {.timeout_ms = timeout_left_ms(r->deadline), .arg = m->arg};
+    call_peer(r, &ci);
     r->reply.code = GRPC_STATUS_OK;
     if (!r->payload) {
         r->reply.code = GRPC_STATUS_INVALID_ARGUMENT;

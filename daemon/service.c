@@ -2,6 +2,7 @@
 #include "tkvd_service.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,9 +18,9 @@
 #define kWaitSliceMs 200        /* blocking waits re-check shutdown this often */
 #define kVerifyReportNs 100000000ull /* Verify streams progress at most every 100 ms */
 
-/* ---- status mapping and replies -------------------------------------------------------------- */
+/* ---- status mapping and call outcome --------------------------------------------------------- */
 
-/* TKV_E* -> gRPC status, as annotated in storage/tkv_base.h. */
+/* TKV_E* -> gRPC status, as annotated in common/tkv_base.h. */
 static grpc_status_code status_of(int err)
 {
     switch (err) {
@@ -45,40 +46,37 @@ static grpc_status_code status_of(int err)
     }
 }
 
-static void fail_with(tkvd_reply *out, grpc_status_code code, const char *fmt, ...)
+/* Fails the call with code and a one-line message; returns false (for validators). */
+static bool fail_with(tkvd_call *k, grpc_status_code code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-static void fail_with(tkvd_reply *out, grpc_status_code code, const char *fmt, ...)
+static bool fail_with(tkvd_call *k, grpc_status_code code, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(out->msg, sizeof(out->msg), fmt, ap);
+    vsnprintf(k->msg, sizeof(k->msg), fmt, ap);
     va_end(ap);
-    out->code = code;
+    k->code = code;
+    return false;
 }
 
-/* A store error: "<what>: <tkv_strerror>" with the mapped code. */
-static void fail_store(tkvd_reply *out, int err, const char *what)
+/* A store error: "<what>: <tkv_strerror>" with the mapped code. Returns true when rc is OK. */
+static bool store_ok(tkvd_call *k, int rc, const char *what)
 {
-    if (err == TKV_ENOTFOUND)
-        fail_with(out, status_of(err), "%s: not found (unknown, released or ended)", what);
-    else
-        fail_with(out, status_of(err), "%s: %s", what, tkv_strerror(err));
+    if (rc == TKV_OK)
+        return true;
+    if (rc == TKV_ENOTFOUND)
+        return fail_with(k, status_of(rc), "%s: not found (unknown, released or ended)", what);
+    return fail_with(k, status_of(rc), "%s: %s", what, tkv_strerror(rc));
 }
 
-#define PACK_REPLY(out, fn, msg)                                   \
-    do {                                                           \
-        size_t n_ = fn##__get_packed_size(msg);                    \
-        (out)->buf = tkv_xmalloc(n_ ? n_ : 1);                     \
-        (out)->len = fn##__pack((msg), (out)->buf);                \
-    } while (0)
-
-#define UNPACK_OR_FAIL(var, fn, name, req, len, out)                                            \
-    var = fn##__unpack(NULL, (len), (req));                                                     \
-    if (!var) {                                                                                 \
-        fail_with((out), GRPC_STATUS_INVALID_ARGUMENT,                                          \
-                  "malformed " name ": %zu bytes are not a valid protobuf message", (size_t)(len)); \
-        return;                                                                                 \
-    }
+/* Zeroed memory that lives until the reply is packed (for the reply's repeated fields). */
+static void *call_alloc(tkvd_call *k, size_t n, size_t size)
+{
+    TKV_ASSERT(k->num_scratch < sizeof(k->scratch) / sizeof(k->scratch[0]));
+    void *p = tkv_xcalloc(n ? n : 1, size);
+    k->scratch[k->num_scratch++] = p;
+    return p;
+}
 
 /* ---- validation helpers --------------------------------------------------------------------- */
 
@@ -92,65 +90,74 @@ static void hex_prefix(const uint8_t *b, size_t n, char *out)
     out[2 * n] = 0;
 }
 
-/* Checks the request's scope; on failure fills out and returns false. */
-static bool check_scope(tkvd_service *svc, const Tierkv__V1__BlockScope *scope, tkvd_reply *out)
+/* Checks the request's scope; on failure fails the call and returns false. */
+static bool check_scope(tkvd_call *k, const Tierkv__V1__BlockScope *scope)
 {
-    if (!scope) {
-        fail_with(out, GRPC_STATUS_INVALID_ARGUMENT,
-                  "scope missing: requests that touch blocks carry namespace and fingerprint");
-        return false;
-    }
-    if (scope->fingerprint.len != TKV_KEY_BYTES) {
-        fail_with(out, GRPC_STATUS_INVALID_ARGUMENT,
-                  "scope.fingerprint: %zu bytes, expected %d (SHA-256 of the geometry)",
-                  scope->fingerprint.len, TKV_KEY_BYTES);
-        return false;
-    }
+    tkvd_service *svc = k->svc;
+    if (!scope)
+        return fail_with(k, GRPC_STATUS_INVALID_ARGUMENT,
+                         "scope missing: requests that touch blocks carry namespace and fingerprint");
+    if (scope->fingerprint.len != TKV_KEY_BYTES)
+        return fail_with(k, GRPC_STATUS_INVALID_ARGUMENT,
+                         "scope.fingerprint: %zu bytes, expected %d (SHA-256 of the geometry)",
+                         scope->fingerprint.len, TKV_KEY_BYTES);
     if (memcmp(scope->fingerprint.data, svc->cfg->fingerprint, TKV_KEY_BYTES) != 0) {
         const tkv_geometry *g = &svc->cfg->geometry;
         char theirs[17], ours[17];
         hex_prefix(scope->fingerprint.data, 8, theirs);
         hex_prefix(svc->cfg->fingerprint, 8, ours);
-        fail_with(out, GRPC_STATUS_FAILED_PRECONDITION,
-                  "geometry mismatch: client fingerprint %s.. != daemon's %s.. (daemon serves "
-                  "model '%s', %u layers, %u kv heads, head dim %u, %u tokens/block, %s, %s)",
-                  theirs, ours, g->model_id, g->num_layers, g->num_kv_heads, g->head_dim,
-                  g->block_tokens, tkvd_dtype_name(g->dtype), tkvd_scale_mode_name(g->scale_mode));
-        return false;
+        return fail_with(k, GRPC_STATUS_FAILED_PRECONDITION,
+                         "geometry mismatch: client fingerprint %s.. != daemon's %s.. (daemon serves "
+                         "model '%s', %u layers, %u kv heads, head dim %u, %u tokens/block, %s, %s)",
+                         theirs, ours, g->model_id, g->num_layers, g->num_kv_heads, g->head_dim,
+                         g->block_tokens, tkvd_dtype_name(g->dtype),
+                         tkvd_scale_mode_name(g->scale_mode));
     }
-    if (strlen(scope->namespace_) > kMaxNamespaceBytes) {
-        fail_with(out, GRPC_STATUS_INVALID_ARGUMENT, "scope.namespace: %zu bytes, at most %d",
-                  strlen(scope->namespace_), kMaxNamespaceBytes);
-        return false;
-    }
-    if (scope->client_id && !(svc->attach && tkvd_attach_client_live(svc->attach, scope->client_id))) {
-        fail_with(out, GRPC_STATUS_NOT_FOUND,
-                  "scope.client_id %" PRIu64 ": no attached client with this id (attach first, "
-                  "or send 0)", scope->client_id);
-        return false;
-    }
-    return true;
-}
-
-static bool check_tokens(tkvd_service *svc, size_t n_tokens, tkvd_reply *out)
-{
-    if (n_tokens > svc->cfg->max_prompt_tokens) {
-        fail_with(out, GRPC_STATUS_INVALID_ARGUMENT, "tokens: %zu exceeds max_prompt_tokens (%u)",
-                  n_tokens, svc->cfg->max_prompt_tokens);
-        return false;
+    if (strlen(scope->namespace_) > kMaxNamespaceBytes)
+        return fail_with(k, GRPC_STATUS_INVALID_ARGUMENT, "scope.namespace: %zu bytes, at most %d",
+                         strlen(scope->namespace_), kMaxNamespaceBytes);
+    if (k->peer.kind == TKVD_PEER_ATTACH) {
+        /* the connection is the client: the message cannot name another one */
+        if (scope->client_id && scope->client_id != k->peer.attach_id)
+            return fail_with(k, GRPC_STATUS_INVALID_ARGUMENT,
+                             "scope.client_id %" PRIu64 " is not this connection's (%" PRIu64 ")",
+                             scope->client_id, k->peer.attach_id);
+    } else if (scope->client_id &&
+               !(svc->attach && tkvd_attach_client_live(svc->attach, scope->client_id))) {
+        return fail_with(k, GRPC_STATUS_NOT_FOUND,
+                         "scope.client_id %" PRIu64 ": no attached client with this id (attach "
+                         "first, or send 0)", scope->client_id);
     }
     return true;
 }
 
-/* Keys of the first num_blocks full blocks of tokens, in the scope's namespace. */
-static tkv_key *derive_keys(tkvd_service *svc, const Tierkv__V1__BlockScope *scope,
-                            const uint32_t *tokens, size_t num_blocks)
+/* The one place where a call's identity becomes the owner of its leases and the namespace its
+ * keys live in. Today the namespace is the one the message names; a daemon with authenticated
+ * tenants derives it from k->peer here instead. */
+static void bind_scope(tkvd_call *k, const Tierkv__V1__BlockScope *scope)
 {
+    k->ns = scope->namespace_;
+    k->ns_len = strlen(scope->namespace_);
+    k->owner_id = k->peer.kind == TKVD_PEER_ATTACH ? k->peer.attach_id : scope->client_id;
+}
+
+static bool check_tokens(tkvd_call *k, size_t n_tokens)
+{
+    if (n_tokens > k->svc->cfg->max_prompt_tokens)
+        return fail_with(k, GRPC_STATUS_INVALID_ARGUMENT, "tokens: %zu exceeds max_prompt_tokens (%u)",
+                         n_tokens, k->svc->cfg->max_prompt_tokens);
+    return true;
+}
+
+/* Keys of the first num_blocks full blocks of tokens, in the call's namespace. */
+static tkv_key *derive_keys(tkvd_call *k, const uint32_t *tokens, size_t num_blocks)
+{
+    const tkvd_config *cfg = k->svc->cfg;
     tkv_key root;
-    tkv_key_root(svc->cfg->fingerprint, scope->namespace_, strlen(scope->namespace_), &root);
-    tkv_key *keys = tkv_xmalloc((num_blocks ? num_blocks : 1) * sizeof(*keys));
-    size_t n = tkv_key_chain(&root, tokens, num_blocks * svc->cfg->geometry.block_tokens,
-                             svc->cfg->geometry.block_tokens, keys, num_blocks);
+    tkv_key_root(cfg->fingerprint, k->ns, k->ns_len, &root);
+    tkv_key *keys = call_alloc(k, num_blocks, sizeof(*keys));
+    size_t n = tkv_key_chain(&root, tokens, num_blocks * cfg->geometry.block_tokens,
+                             cfg->geometry.block_tokens, keys, num_blocks);
     TKV_ASSERT(n == num_blocks);
     return keys;
 }
@@ -165,26 +172,41 @@ static const char *tier_name(int t)
     }
 }
 
-/* Fills a repeated BlockLoc from store locations; the messages live in `store`. */
-static void fill_locs(const tkv_block_loc *locs, size_t n, Tierkv__V1__BlockLoc *store,
-                      Tierkv__V1__BlockLoc **ptrs)
+/* A repeated BlockLoc from store locations, in call scratch memory. */
+static Tierkv__V1__BlockLoc **loc_msgs(tkvd_call *k, const tkv_block_loc *locs, size_t n)
 {
+    Tierkv__V1__BlockLoc *msgs = call_alloc(k, n, sizeof(*msgs));
+    Tierkv__V1__BlockLoc **ptrs = call_alloc(k, n, sizeof(*ptrs));
     for (size_t i = 0; i < n; i++) {
-        tierkv__v1__block_loc__init(&store[i]);
-        store[i].tier = (Tierkv__V1__Tier)locs[i].tier;
-        store[i].in_l2 = locs[i].in_l2;
-        store[i].in_l3 = locs[i].in_l3;
-        store[i].l2_offset = locs[i].in_l2 ? locs[i].l2_offset : 0;
-        store[i].in_l1 = locs[i].in_l1;
-        store[i].l1_offset = locs[i].in_l1 ? locs[i].l1_offset : 0;
-        ptrs[i] = &store[i];
+        tierkv__v1__block_loc__init(&msgs[i]);
+        msgs[i].tier = (Tierkv__V1__Tier)locs[i].tier;
+        msgs[i].in_l2 = locs[i].in_l2;
+        msgs[i].in_l3 = locs[i].in_l3;
+        msgs[i].l2_offset = locs[i].in_l2 ? locs[i].l2_offset : 0;
+        msgs[i].in_l1 = locs[i].in_l1;
+        msgs[i].l1_offset = locs[i].in_l1 ? locs[i].l1_offset : 0;
+        ptrs[i] = &msgs[i];
     }
+    return ptrs;
 }
 
 /* A lease never holds more blocks than the longest prompt a Lookup accepts. */
 static size_t max_lease_blocks(const tkvd_service *svc)
 {
     return svc->cfg->max_prompt_tokens / svc->cfg->geometry.block_tokens;
+}
+
+/* The current locations of a lease's blocks (at most max_lease_blocks), in scratch memory. */
+static bool lease_locs(tkvd_call *k, uint64_t lease_id, const char *what, tkv_block_loc **locs,
+                       size_t *n)
+{
+    size_t cap = max_lease_blocks(k->svc);
+    *locs = call_alloc(k, cap, sizeof(**locs));
+    if (!store_ok(k, tkv_store_lease_locs(k->svc->store, lease_id, *locs, cap, n), what))
+        return false;
+    if (*n > cap)
+        *n = cap;
+    return true;
 }
 
 /* Waits for a prefetch ticket in slices, so that the end of the drain on shutdown is
@@ -209,61 +231,6 @@ static int wait_ticket(tkvd_service *svc, uint64_t ticket, int timeout_ms, int *
     }
 }
 
-/* ---- Lookup ----------------------------------------------------------------------------------- */
-
-static void h_lookup(void *ctx, const tkvd_call_info *ci, const uint8_t *req, size_t len,
-                     tkvd_reply *out)
-{
-    tkvd_service *svc = ctx;
-    uint64_t t0 = tkv_now_ns();
-    Tierkv__V1__LookupRequest *rq;
-    UNPACK_OR_FAIL(rq, tierkv__v1__lookup_request, "LookupRequest", req, len, out);
-    tkv_key *keys = NULL;
-    tkv_block_loc *locs = NULL;
-    Tierkv__V1__BlockLoc *loc_msgs = NULL;
-    Tierkv__V1__BlockLoc **loc_ptrs = NULL;
-    if (!check_scope(svc, rq->scope, out) || !check_tokens(svc, rq->n_tokens, out))
-        goto done;
-    uint32_t P = svc->cfg->geometry.block_tokens;
-    size_t num_blocks = rq->n_tokens / P;
-    Tierkv__V1__LookupResponse rsp = TIERKV__V1__LOOKUP_RESPONSE__INIT;
-    rsp.num_query_blocks = (uint32_t)num_blocks;
-    if (num_blocks > 0) {
-        keys = derive_keys(svc, rq->scope, rq->tokens, num_blocks);
-        locs = tkv_xcalloc(num_blocks, sizeof(*locs));
-        uint64_t lease = 0;
-        size_t hit = 0;
-        int rc = tkv_store_lookup(svc->store, keys, num_blocks, rq->scope->client_id,
-                                  rq->lease_ttl_ms, &lease, &hit, locs);
-        if (rc != TKV_OK) {
-            fail_store(out, rc, "lookup");
-            goto done;
-        }
-        rsp.num_hit_blocks = (uint32_t)hit;
-        rsp.num_hit_tokens = (uint32_t)(hit * P);
-        rsp.lease_id = lease;
-        loc_msgs = tkv_xcalloc(hit ? hit : 1, sizeof(*loc_msgs));
-        loc_ptrs = tkv_xcalloc(hit ? hit : 1, sizeof(*loc_ptrs));
-        fill_locs(locs, hit, loc_msgs, loc_ptrs);
-        rsp.n_blocks = hit;
-        rsp.blocks = loc_ptrs;
-    }
-    PACK_REPLY(out, tierkv__v1__lookup_response, &rsp);
-    tkvd_metrics *m = svc->metrics;
-    atomic_fetch_add_explicit(&m->lookups, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&m->lookup_query_tokens, (uint64_t)num_blocks * P, memory_order_relaxed);
-    atomic_fetch_add_explicit(&m->lookup_hit_tokens, rsp.num_hit_tokens, memory_order_relaxed);
-    tkvd_metrics_observe_lookup(m, tkv_now_ns() - t0);
-done:
-    free(keys);
-    free(locs);
-    free(loc_msgs);
-    free(loc_ptrs);
-    tierkv__v1__lookup_request__free_unpacked(rq, NULL);
-}
-
-/* ---- Prefetch --------------------------------------------------------------------------------- */
-
 /* True when the store has a GPU tier (a backend attached L1 slots). */
 static bool has_l1(tkvd_service *svc)
 {
@@ -272,144 +239,162 @@ static bool has_l1(tkvd_service *svc)
     return st.capacity_blocks_tier[TKV_TIER_L1] > 0;
 }
 
-/* Checks a target tier for Prefetch/Alloc: NONE means L2. Returns the tier or -1 (out filled). */
-static int target_tier(tkvd_service *svc, int tier, const char *what, tkvd_reply *out)
+/* Checks a target tier for Prefetch/Alloc/CostCheck: NONE means L2. Returns the tier or -1
+ * (the call failed). */
+static int target_tier(tkvd_call *k, int tier, const char *what)
 {
     if (tier == TKV_TIER_NONE || tier == TKV_TIER_L2)
         return TKV_TIER_L2;
-    if (tier == TKV_TIER_L1 && has_l1(svc))
+    if (tier == TKV_TIER_L1 && has_l1(k->svc))
         return TKV_TIER_L1;
-    if (tier == TKV_TIER_L1) {
-        fail_with(out, GRPC_STATUS_UNIMPLEMENTED, "%s: this daemon has no GPU (L1) tier", what);
-        return -1;
-    }
-    fail_with(out, GRPC_STATUS_INVALID_ARGUMENT, "%s: tier %d is not a target (TIER_L2 or TIER_L1)",
-              what, tier);
+    if (tier == TKV_TIER_L1)
+        fail_with(k, GRPC_STATUS_UNIMPLEMENTED, "%s: this daemon has no GPU (L1) tier", what);
+    else
+        fail_with(k, GRPC_STATUS_INVALID_ARGUMENT, "%s: tier %d is not a target (TIER_L2 or TIER_L1)",
+                  what, tier);
     return -1;
 }
 
-static void h_prefetch(void *ctx, const tkvd_call_info *ci, const uint8_t *req, size_t len,
-                       tkvd_reply *out)
+/* Checks that tokens hold the full blocks first..first+count-1. */
+static bool check_block_range(tkvd_call *k, size_t n_tokens, uint32_t first, size_t count,
+                              const char *what)
 {
-    tkvd_service *svc = ctx;
-    Tierkv__V1__PrefetchRequest *rq;
-    UNPACK_OR_FAIL(rq, tierkv__v1__prefetch_request, "PrefetchRequest", req, len, out);
-    tkv_block_loc *locs = NULL;
-    Tierkv__V1__BlockLoc *loc_msgs = NULL;
-    Tierkv__V1__BlockLoc **loc_ptrs = NULL;
+    uint32_t P = k->svc->cfg->geometry.block_tokens;
+    size_t full = n_tokens / P;
+    if ((uint64_t)first + count > full)
+        return fail_with(k, GRPC_STATUS_INVALID_ARGUMENT,
+                         "%s: blocks %u..%" PRIu64 " need %" PRIu64 " tokens, the request has %zu "
+                         "(%zu full blocks of %u)", what, first, (uint64_t)first + count - 1,
+                         ((uint64_t)first + count) * P, n_tokens, full, P);
+    return true;
+}
+
+static bool check_blocks_per_rpc(tkvd_call *k, size_t n, const char *what)
+{
+    if (n > k->svc->cfg->max_blocks_per_rpc)
+        return fail_with(k, GRPC_STATUS_INVALID_ARGUMENT, "%s: %zu blocks exceed max_blocks_per_rpc "
+                         "(%u); send them in pieces", what, n, k->svc->cfg->max_blocks_per_rpc);
+    return true;
+}
+
+/* ==== the handlers ===============================================================================
+ * Each call is a validator (v_*: checks every field the generic checks do not; no side
+ * effects) and a handler (h_*: does the work; may still fail on the store's answer). Both get
+ * the decoded request; the handler fills the reply message the dispatcher initialised. */
+
+/* ---- Lookup / LookupBatch --------------------------------------------------------------------- */
+
+/* One prompt's lookup into rsp (shared by Lookup and each prompt of LookupBatch). */
+static bool lookup_one(tkvd_call *k, const uint32_t *tokens, size_t n_tokens, uint32_t ttl_ms,
+                       Tierkv__V1__LookupResponse *rsp)
+{
+    tkvd_service *svc = k->svc;
+    uint64_t t0 = tkv_now_ns();
+    uint32_t P = svc->cfg->geometry.block_tokens;
+    size_t num_blocks = n_tokens / P;
+    rsp->num_query_blocks = (uint32_t)num_blocks;
+    if (num_blocks > 0) {
+        tkv_key *keys = derive_keys(k, tokens, num_blocks);
+        tkv_block_loc *locs = call_alloc(k, num_blocks, sizeof(*locs));
+        uint64_t lease = 0;
+        size_t hit = 0;
+        int rc = tkv_store_lookup(svc->store, keys, num_blocks, k->owner_id, ttl_ms, &lease, &hit,
+                                  locs);
+        if (!store_ok(k, rc, "lookup"))
+            return false;
+        rsp->num_hit_blocks = (uint32_t)hit;
+        rsp->num_hit_tokens = (uint32_t)(hit * P);
+        rsp->lease_id = lease;
+        rsp->n_blocks = hit;
+        rsp->blocks = loc_msgs(k, locs, hit);
+    }
+    tkvd_metrics *m = svc->metrics;
+    atomic_fetch_add_explicit(&m->lookups, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->lookup_query_tokens, (uint64_t)num_blocks * P, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->lookup_hit_tokens, rsp->num_hit_tokens, memory_order_relaxed);
+    tkvd_metrics_observe_lookup(m, tkv_now_ns() - t0);
+    return true;
+}
+
+static void h_lookup(tkvd_call *k, const void *req, void *out)
+{
+    const Tierkv__V1__LookupRequest *rq = req;
+    lookup_one(k, rq->tokens, rq->n_tokens, rq->lease_ttl_ms, out);
+}
+
+/* ---- Prefetch --------------------------------------------------------------------------------- */
+
+static bool v_prefetch(tkvd_call *k, const void *req)
+{
+    const Tierkv__V1__PrefetchRequest *rq = req;
+    if (rq->lease_id == 0)
+        return fail_with(k, GRPC_STATUS_INVALID_ARGUMENT, "prefetch: lease_id missing (0)");
+    return target_tier(k, rq->tier, "prefetch") >= 0;
+}
+
+static void h_prefetch(tkvd_call *k, const void *req, void *out)
+{
+    const Tierkv__V1__PrefetchRequest *rq = req;
+    Tierkv__V1__PrefetchResponse *rsp = out;
+    tkvd_service *svc = k->svc;
     char what[64];
     snprintf(what, sizeof(what), "prefetch lease %" PRIu64, rq->lease_id);
-    if (rq->lease_id == 0) {
-        fail_with(out, GRPC_STATUS_INVALID_ARGUMENT, "prefetch: lease_id missing (0)");
-        goto done;
-    }
-    int tier = target_tier(svc, rq->tier, "prefetch", out);
-    if (tier < 0)
-        goto done;
     uint64_t ticket = 0;
-    int rc = tkv_store_prefetch(svc->store, rq->lease_id, tier, NULL, NULL, &ticket);
-    if (rc != TKV_OK) {
-        fail_store(out, rc, what);
-        goto done;
+    int rc = tkv_store_prefetch(svc->store, rq->lease_id, target_tier(k, rq->tier, "prefetch"),
+                                NULL, NULL, &ticket);
+    if (!store_ok(k, rc, what))
+        return;
+    rsp->ticket = ticket;
+    if (!rq->wait)
+        return;
+    int timeout = rq->timeout_ms ? (int)(rq->timeout_ms > INT32_MAX ? INT32_MAX : rq->timeout_ms) : -1;
+    if (k->timeout_ms >= 0 && (timeout < 0 || k->timeout_ms < timeout))
+        timeout = k->timeout_ms;
+    int status = TKV_OK;
+    rc = wait_ticket(svc, ticket, timeout, &status);
+    if (rc == TKV_ETIMEDOUT) {
+        fail_with(k, GRPC_STATUS_DEADLINE_EXCEEDED, "%s: promotion not finished after %d ms",
+                  what, timeout);
+        return;
     }
-    Tierkv__V1__PrefetchResponse rsp = TIERKV__V1__PREFETCH_RESPONSE__INIT;
-    rsp.ticket = ticket;
-    if (rq->wait) {
-        int timeout = rq->timeout_ms ? (int)(rq->timeout_ms > INT32_MAX ? INT32_MAX : rq->timeout_ms) : -1;
-        if (ci->timeout_ms >= 0 && (timeout < 0 || ci->timeout_ms < timeout))
-            timeout = ci->timeout_ms;
-        int status = TKV_OK;
-        rc = wait_ticket(svc, ticket, timeout, &status);
-        if (rc == TKV_ETIMEDOUT) {
-            fail_with(out, GRPC_STATUS_DEADLINE_EXCEEDED, "%s: promotion not finished after %d ms",
-                      what, timeout);
-            goto done;
-        }
-        if (rc != TKV_OK) {
-            fail_store(out, rc, what);
-            goto done;
-        }
-        if (status != TKV_OK) {
-            fail_store(out, status, what);
-            goto done;
-        }
-        size_t cap = max_lease_blocks(svc), n = 0;
-        locs = tkv_xcalloc(cap, sizeof(*locs));
-        rc = tkv_store_lease_locs(svc->store, rq->lease_id, locs, cap, &n);
-        if (rc != TKV_OK) {
-            fail_store(out, rc, what);
-            goto done;
-        }
-        if (n > cap)
-            n = cap;
-        loc_msgs = tkv_xcalloc(n ? n : 1, sizeof(*loc_msgs));
-        loc_ptrs = tkv_xcalloc(n ? n : 1, sizeof(*loc_ptrs));
-        fill_locs(locs, n, loc_msgs, loc_ptrs);
-        rsp.n_blocks = n;
-        rsp.blocks = loc_ptrs;
-        rsp.done = 1;
-    }
-    PACK_REPLY(out, tierkv__v1__prefetch_response, &rsp);
-done:
-    free(locs);
-    free(loc_msgs);
-    free(loc_ptrs);
-    tierkv__v1__prefetch_request__free_unpacked(rq, NULL);
+    tkv_block_loc *locs;
+    size_t n = 0;
+    if (!store_ok(k, rc, what) || !store_ok(k, status, what) || !lease_locs(k, rq->lease_id, what, &locs, &n))
+        return;
+    rsp->n_blocks = n;
+    rsp->blocks = loc_msgs(k, locs, n);
+    rsp->done = 1;
 }
 
 /* ---- Put -------------------------------------------------------------------------------------- */
 
-/* Checks that tokens hold the full blocks first..first+count-1. */
-static bool check_block_range(tkvd_service *svc, size_t n_tokens, uint32_t first, size_t count,
-                              const char *what, tkvd_reply *out)
+static bool v_put(tkvd_call *k, const void *req)
 {
-    uint32_t P = svc->cfg->geometry.block_tokens;
-    size_t full = n_tokens / P;
-    if ((uint64_t)first + count > full) {
-        fail_with(out, GRPC_STATUS_INVALID_ARGUMENT,
-                  "%s: blocks %u..%" PRIu64 " need %" PRIu64 " tokens, the request has %zu "
-                  "(%zu full blocks of %u)", what, first, (uint64_t)first + count - 1,
-                  ((uint64_t)first + count) * P, n_tokens, full, P);
+    const Tierkv__V1__PutRequest *rq = req;
+    if (rq->n_blocks == 0)
+        return fail_with(k, GRPC_STATUS_INVALID_ARGUMENT, "put: no blocks");
+    if (!check_blocks_per_rpc(k, rq->n_blocks, "put") ||
+        !check_block_range(k, rq->n_tokens, rq->first_block, rq->n_blocks, "put"))
         return false;
-    }
+    for (size_t i = 0; i < rq->n_blocks; i++)
+        if (rq->blocks[i].len != k->svc->cfg->block_bytes)
+            return fail_with(k, GRPC_STATUS_INVALID_ARGUMENT,
+                             "put: blocks[%zu] has %zu bytes, a block of this geometry has %zu", i,
+                             rq->blocks[i].len, k->svc->cfg->block_bytes);
     return true;
 }
 
-static void h_put(void *ctx, const tkvd_call_info *ci, const uint8_t *req, size_t len,
-                  tkvd_reply *out)
+static void h_put(tkvd_call *k, const void *req, void *out)
 {
-    tkvd_service *svc = ctx;
-    Tierkv__V1__PutRequest *rq;
-    UNPACK_OR_FAIL(rq, tierkv__v1__put_request, "PutRequest", req, len, out);
-    tkv_key *keys = NULL;
-    const void **payloads = NULL;
-    if (!check_scope(svc, rq->scope, out) || !check_tokens(svc, rq->n_tokens, out))
-        goto done;
+    const Tierkv__V1__PutRequest *rq = req;
+    Tierkv__V1__PutResponse *rsp = out;
+    tkvd_service *svc = k->svc;
     size_t n = rq->n_blocks;
-    if (n == 0) {
-        fail_with(out, GRPC_STATUS_INVALID_ARGUMENT, "put: no blocks");
-        goto done;
-    }
-    if (n > svc->cfg->max_blocks_per_rpc) {
-        fail_with(out, GRPC_STATUS_INVALID_ARGUMENT, "put: %zu blocks exceed max_blocks_per_rpc (%u)",
-                  n, svc->cfg->max_blocks_per_rpc);
-        goto done;
-    }
-    if (!check_block_range(svc, rq->n_tokens, rq->first_block, n, "put", out))
-        goto done;
-    payloads = tkv_xcalloc(n, sizeof(*payloads));
-    for (size_t i = 0; i < n; i++) {
-        if (rq->blocks[i].len != svc->cfg->block_bytes) {
-            fail_with(out, GRPC_STATUS_INVALID_ARGUMENT,
-                      "put: blocks[%zu] has %zu bytes, a block of this geometry has %zu", i,
-                      rq->blocks[i].len, svc->cfg->block_bytes);
-            goto done;
-        }
+    const void **payloads = call_alloc(k, n, sizeof(*payloads));
+    for (size_t i = 0; i < n; i++)
         payloads[i] = rq->blocks[i].data;
-    }
     uint32_t P = svc->cfg->geometry.block_tokens;
-    size_t chain = (size_t)rq->first_block + n;
-    keys = derive_keys(svc, rq->scope, rq->tokens, chain);
+    tkv_key *keys = derive_keys(k, rq->tokens, (size_t)rq->first_block + n);
     const tkv_key *parent = rq->first_block ? &keys[rq->first_block - 1] : NULL;
     /* The split of the blocks not stored into duplicates and rejections comes from the store's
      * counters; under concurrent puts it is approximate (num_stored is exact). */
@@ -418,250 +403,197 @@ static void h_put(void *ctx, const tkvd_call_info *ci, const uint8_t *req, size_
     size_t stored = 0;
     int rc = tkv_store_put(svc->store, parent, keys + rq->first_block,
                            rq->tokens + (size_t)rq->first_block * P, payloads, n, &stored);
-    if (rc != TKV_OK) {
-        fail_store(out, rc, "put");
-        goto done;
-    }
+    if (!store_ok(k, rc, "put"))
+        return;
     tkv_store_get_stats(svc->store, &after);
     uint64_t rejected = after.put_rejected_blocks - before.put_rejected_blocks;
     if (rejected > n - stored)
         rejected = n - stored;
-    Tierkv__V1__PutResponse rsp = TIERKV__V1__PUT_RESPONSE__INIT;
-    rsp.num_stored = (uint32_t)stored;
-    rsp.num_rejected = (uint32_t)rejected;
-    rsp.num_duplicate = (uint32_t)(n - stored - rejected);
-    PACK_REPLY(out, tierkv__v1__put_response, &rsp);
-done:
-    free(keys);
-    free(payloads);
-    tierkv__v1__put_request__free_unpacked(rq, NULL);
+    rsp->num_stored = (uint32_t)stored;
+    rsp->num_rejected = (uint32_t)rejected;
+    rsp->num_duplicate = (uint32_t)(n - stored - rejected);
 }
 
 /* ---- Get -------------------------------------------------------------------------------------- */
 
-static void h_get(void *ctx, const tkvd_call_info *ci, const uint8_t *req, size_t len,
-                  tkvd_reply *out)
+static bool v_get(tkvd_call *k, const void *req)
 {
-    tkvd_service *svc = ctx;
-    Tierkv__V1__GetRequest *rq;
-    UNPACK_OR_FAIL(rq, tierkv__v1__get_request, "GetRequest", req, len, out);
-    tkv_block_loc *locs = NULL;
-    uint8_t *data = NULL;
-    ProtobufCBinaryData *bins = NULL;
+    const Tierkv__V1__GetRequest *rq = req;
+    if (rq->lease_id == 0)
+        return fail_with(k, GRPC_STATUS_INVALID_ARGUMENT, "get: lease_id missing (0)");
+    return true;
+}
+
+static void h_get(tkvd_call *k, const void *req, void *out)
+{
+    const Tierkv__V1__GetRequest *rq = req;
+    Tierkv__V1__GetResponse *rsp = out;
     char what[64];
     snprintf(what, sizeof(what), "get lease %" PRIu64, rq->lease_id);
-    if (rq->lease_id == 0) {
-        fail_with(out, GRPC_STATUS_INVALID_ARGUMENT, "get: lease_id missing (0)");
-        goto done;
-    }
-    size_t cap = max_lease_blocks(svc), num = 0;
-    locs = tkv_xcalloc(cap, sizeof(*locs));
-    int rc = tkv_store_lease_locs(svc->store, rq->lease_id, locs, cap, &num);
-    if (rc != TKV_OK) {
-        fail_store(out, rc, what);
-        goto done;
-    }
+    tkv_block_loc *locs;
+    size_t num = 0;
+    if (!lease_locs(k, rq->lease_id, what, &locs, &num))
+        return;
     if (rq->first >= num) {
-        fail_with(out, GRPC_STATUS_INVALID_ARGUMENT, "%s: first %u is out of range (%zu blocks)",
+        fail_with(k, GRPC_STATUS_INVALID_ARGUMENT, "%s: first %u is out of range (%zu blocks)",
                   what, rq->first, num);
-        goto done;
+        return;
     }
     size_t count = rq->count ? rq->count : num - rq->first;
     if ((uint64_t)rq->first + count > num) {
-        fail_with(out, GRPC_STATUS_INVALID_ARGUMENT, "%s: blocks %u..%" PRIu64 " out of range "
+        fail_with(k, GRPC_STATUS_INVALID_ARGUMENT, "%s: blocks %u..%" PRIu64 " out of range "
                   "(%zu blocks)", what, rq->first, (uint64_t)rq->first + count - 1, num);
-        goto done;
+        return;
     }
-    if (count > svc->cfg->max_blocks_per_rpc) {
-        fail_with(out, GRPC_STATUS_INVALID_ARGUMENT,
-                  "%s: %zu blocks exceed max_blocks_per_rpc (%u); get them in pieces", what, count,
-                  svc->cfg->max_blocks_per_rpc);
-        goto done;
-    }
-    size_t bb = svc->cfg->block_bytes;
-    data = tkv_xmalloc(count * bb);
-    bins = tkv_xcalloc(count, sizeof(*bins));
+    if (!check_blocks_per_rpc(k, count, what))
+        return;
+    size_t bb = k->svc->cfg->block_bytes;
+    uint8_t *data = call_alloc(k, count, bb);
+    ProtobufCBinaryData *bins = call_alloc(k, count, sizeof(*bins));
     for (size_t i = 0; i < count; i++) {
-        rc = tkv_store_get(svc->store, rq->lease_id, (uint32_t)(rq->first + i), data + i * bb, bb);
+        int rc = tkv_store_get(k->svc->store, rq->lease_id, (uint32_t)(rq->first + i),
+                               data + i * bb, bb);
         if (rc != TKV_OK) {
             char w[96];
             snprintf(w, sizeof(w), "%s block %zu", what, rq->first + i);
-            fail_store(out, rc, w);
-            goto done;
+            store_ok(k, rc, w);
+            return;
         }
         bins[i].data = data + i * bb;
         bins[i].len = bb;
     }
-    Tierkv__V1__GetResponse rsp = TIERKV__V1__GET_RESPONSE__INIT;
-    rsp.n_blocks = count;
-    rsp.blocks = bins;
-    PACK_REPLY(out, tierkv__v1__get_response, &rsp);
-done:
-    free(locs);
-    free(data);
-    free(bins);
-    tierkv__v1__get_request__free_unpacked(rq, NULL);
+    rsp->n_blocks = count;
+    rsp->blocks = bins;
 }
 
 /* ---- Alloc / WriteSlot / Commit / Release ----------------------------------------------------- */
 
-static void h_alloc(void *ctx, const tkvd_call_info *ci, const uint8_t *req, size_t len,
-                    tkvd_reply *out)
+static bool v_alloc(tkvd_call *k, const void *req)
 {
-    tkvd_service *svc = ctx;
-    Tierkv__V1__AllocRequest *rq;
-    UNPACK_OR_FAIL(rq, tierkv__v1__alloc_request, "AllocRequest", req, len, out);
-    uint64_t *offsets = NULL;
-    if (!check_scope(svc, rq->scope, out) || target_tier(svc, rq->tier, "alloc", out) < 0)
-        goto done;
-    if (rq->num_blocks == 0 || rq->num_blocks > svc->cfg->max_blocks_per_rpc) {
-        fail_with(out, GRPC_STATUS_INVALID_ARGUMENT, "alloc: num_blocks %u not in [1, %u]",
-                  rq->num_blocks, svc->cfg->max_blocks_per_rpc);
-        goto done;
-    }
-    offsets = tkv_xcalloc(rq->num_blocks, sizeof(*offsets));
-    uint64_t id = 0;
-    int rc = tkv_store_alloc_tier(svc->store, target_tier(svc, rq->tier, "alloc", out),
-                                  rq->num_blocks, rq->scope->client_id, &id, offsets);
-    if (rc != TKV_OK) {
-        fail_store(out, rc, "alloc");
-        goto done;
-    }
-    Tierkv__V1__AllocResponse rsp = TIERKV__V1__ALLOC_RESPONSE__INIT;
-    rsp.alloc_id = id;
-    rsp.n_offsets = rq->num_blocks;
-    rsp.offsets = offsets;
-    PACK_REPLY(out, tierkv__v1__alloc_response, &rsp);
-done:
-    free(offsets);
-    tierkv__v1__alloc_request__free_unpacked(rq, NULL);
+    const Tierkv__V1__AllocRequest *rq = req;
+    if (target_tier(k, rq->tier, "alloc") < 0)
+        return false;
+    if (rq->num_blocks == 0 || rq->num_blocks > k->svc->cfg->max_blocks_per_rpc)
+        return fail_with(k, GRPC_STATUS_INVALID_ARGUMENT, "alloc: num_blocks %u not in [1, %u]",
+                         rq->num_blocks, k->svc->cfg->max_blocks_per_rpc);
+    return true;
 }
 
-static void h_write_slot(void *ctx, const tkvd_call_info *ci, const uint8_t *req, size_t len,
-                         tkvd_reply *out)
+static void h_alloc(tkvd_call *k, const void *req, void *out)
 {
-    tkvd_service *svc = ctx;
-    Tierkv__V1__WriteSlotRequest *rq;
-    UNPACK_OR_FAIL(rq, tierkv__v1__write_slot_request, "WriteSlotRequest", req, len, out);
+    const Tierkv__V1__AllocRequest *rq = req;
+    Tierkv__V1__AllocResponse *rsp = out;
+    uint64_t *offsets = call_alloc(k, rq->num_blocks, sizeof(*offsets));
+    uint64_t id = 0;
+    int rc = tkv_store_alloc_tier(k->svc->store, target_tier(k, rq->tier, "alloc"), rq->num_blocks,
+                                  k->owner_id, &id, offsets);
+    if (!store_ok(k, rc, "alloc"))
+        return;
+    rsp->alloc_id = id;
+    rsp->n_offsets = rq->num_blocks;
+    rsp->offsets = offsets;
+}
+
+static bool v_write_slot(tkvd_call *k, const void *req)
+{
+    const Tierkv__V1__WriteSlotRequest *rq = req;
+    if (rq->alloc_id == 0)
+        return fail_with(k, GRPC_STATUS_INVALID_ARGUMENT, "write_slot: alloc_id missing (0)");
+    if (rq->payload.len != k->svc->cfg->block_bytes)
+        return fail_with(k, GRPC_STATUS_INVALID_ARGUMENT, "write_slot alloc %" PRIu64 " slot %u: "
+                         "payload has %zu bytes, a block has %zu", rq->alloc_id, rq->index,
+                         rq->payload.len, k->svc->cfg->block_bytes);
+    return true;
+}
+
+static void h_write_slot(tkvd_call *k, const void *req, void *out)
+{
+    const Tierkv__V1__WriteSlotRequest *rq = req;
+    (void)out;
     char what[80];
     snprintf(what, sizeof(what), "write_slot alloc %" PRIu64 " slot %u", rq->alloc_id, rq->index);
-    if (rq->alloc_id == 0) {
-        fail_with(out, GRPC_STATUS_INVALID_ARGUMENT, "write_slot: alloc_id missing (0)");
-    } else if (rq->payload.len != svc->cfg->block_bytes) {
-        fail_with(out, GRPC_STATUS_INVALID_ARGUMENT, "%s: payload has %zu bytes, a block has %zu",
-                  what, rq->payload.len, svc->cfg->block_bytes);
-    } else {
-        int rc = tkv_store_alloc_write(svc->store, rq->alloc_id, rq->index, rq->payload.data);
-        if (rc != TKV_OK) {
-            fail_store(out, rc, what);
-        } else {
-            Tierkv__V1__WriteSlotResponse rsp = TIERKV__V1__WRITE_SLOT_RESPONSE__INIT;
-            PACK_REPLY(out, tierkv__v1__write_slot_response, &rsp);
-        }
-    }
-    tierkv__v1__write_slot_request__free_unpacked(rq, NULL);
+    store_ok(k, tkv_store_alloc_write(k->svc->store, rq->alloc_id, rq->index, rq->payload.data), what);
 }
 
-static void h_commit(void *ctx, const tkvd_call_info *ci, const uint8_t *req, size_t len,
-                     tkvd_reply *out)
+static bool v_commit(tkvd_call *k, const void *req)
 {
-    tkvd_service *svc = ctx;
-    Tierkv__V1__CommitRequest *rq;
-    UNPACK_OR_FAIL(rq, tierkv__v1__commit_request, "CommitRequest", req, len, out);
-    tkv_key *keys = NULL;
+    const Tierkv__V1__CommitRequest *rq = req;
+    if (rq->alloc_id == 0)
+        return fail_with(k, GRPC_STATUS_INVALID_ARGUMENT, "commit: alloc_id missing (0)");
+    return check_blocks_per_rpc(k, rq->num_blocks, "commit") &&
+           check_block_range(k, rq->n_tokens, rq->first_block, rq->num_blocks, "commit");
+}
+
+static void h_commit(tkvd_call *k, const void *req, void *out)
+{
+    const Tierkv__V1__CommitRequest *rq = req;
+    Tierkv__V1__CommitResponse *rsp = out;
     char what[64];
     snprintf(what, sizeof(what), "commit alloc %" PRIu64, rq->alloc_id);
-    if (!check_scope(svc, rq->scope, out) || !check_tokens(svc, rq->n_tokens, out))
-        goto done;
-    if (rq->alloc_id == 0) {
-        fail_with(out, GRPC_STATUS_INVALID_ARGUMENT, "commit: alloc_id missing (0)");
-        goto done;
-    }
-    if (rq->num_blocks > svc->cfg->max_blocks_per_rpc) {
-        fail_with(out, GRPC_STATUS_INVALID_ARGUMENT, "%s: num_blocks %u exceeds max_blocks_per_rpc (%u)",
-                  what, rq->num_blocks, svc->cfg->max_blocks_per_rpc);
-        goto done;
-    }
-    if (!check_block_range(svc, rq->n_tokens, rq->first_block, rq->num_blocks, what, out))
-        goto done;
-    uint32_t P = svc->cfg->geometry.block_tokens;
-    size_t chain = (size_t)rq->first_block + rq->num_blocks;
-    keys = derive_keys(svc, rq->scope, rq->tokens, chain);
+    uint32_t P = k->svc->cfg->geometry.block_tokens;
+    tkv_key *keys = derive_keys(k, rq->tokens, (size_t)rq->first_block + rq->num_blocks);
     const tkv_key *parent = rq->first_block ? &keys[rq->first_block - 1] : NULL;
     size_t stored = 0;
-    int rc = tkv_store_commit(svc->store, rq->alloc_id, parent, keys + rq->first_block,
+    int rc = tkv_store_commit(k->svc->store, rq->alloc_id, parent, keys + rq->first_block,
                               rq->tokens + (size_t)rq->first_block * P, rq->num_blocks, &stored);
-    if (rc != TKV_OK) {
-        fail_store(out, rc, what);
-        goto done;
-    }
-    Tierkv__V1__CommitResponse rsp = TIERKV__V1__COMMIT_RESPONSE__INIT;
-    rsp.num_stored = (uint32_t)stored;
-    rsp.num_duplicate = (uint32_t)(rq->num_blocks - stored);
-    PACK_REPLY(out, tierkv__v1__commit_response, &rsp);
-done:
-    free(keys);
-    tierkv__v1__commit_request__free_unpacked(rq, NULL);
+    if (!store_ok(k, rc, what))
+        return;
+    rsp->num_stored = (uint32_t)stored;
+    rsp->num_duplicate = (uint32_t)(rq->num_blocks - stored);
 }
 
-static void h_release(void *ctx, const tkvd_call_info *ci, const uint8_t *req, size_t len,
-                      tkvd_reply *out)
+static bool v_release(tkvd_call *k, const void *req)
 {
-    tkvd_service *svc = ctx;
-    Tierkv__V1__ReleaseRequest *rq;
-    UNPACK_OR_FAIL(rq, tierkv__v1__release_request, "ReleaseRequest", req, len, out);
+    const Tierkv__V1__ReleaseRequest *rq = req;
+    if (!rq->lease_id == !rq->alloc_id)
+        return fail_with(k, GRPC_STATUS_INVALID_ARGUMENT,
+                         "release: give exactly one of lease_id and alloc_id");
+    return true;
+}
+
+static void h_release(tkvd_call *k, const void *req, void *out)
+{
+    const Tierkv__V1__ReleaseRequest *rq = req;
+    (void)out;
     char what[64];
-    if (!rq->lease_id == !rq->alloc_id) {
-        fail_with(out, GRPC_STATUS_INVALID_ARGUMENT,
-                  "release: give exactly one of lease_id and alloc_id");
+    int rc;
+    if (rq->lease_id) {
+        snprintf(what, sizeof(what), "release lease %" PRIu64, rq->lease_id);
+        rc = tkv_store_lease_release(k->svc->store, rq->lease_id);
     } else {
-        int rc;
-        if (rq->lease_id) {
-            snprintf(what, sizeof(what), "release lease %" PRIu64, rq->lease_id);
-            rc = tkv_store_lease_release(svc->store, rq->lease_id);
-        } else {
-            snprintf(what, sizeof(what), "release alloc %" PRIu64, rq->alloc_id);
-            rc = tkv_store_abort(svc->store, rq->alloc_id);
-        }
-        if (rc != TKV_OK) {
-            fail_store(out, rc, what);
-        } else {
-            Tierkv__V1__ReleaseResponse rsp = TIERKV__V1__RELEASE_RESPONSE__INIT;
-            PACK_REPLY(out, tierkv__v1__release_response, &rsp);
-        }
+        snprintf(what, sizeof(what), "release alloc %" PRIu64, rq->alloc_id);
+        rc = tkv_store_abort(k->svc->store, rq->alloc_id);
     }
-    tierkv__v1__release_request__free_unpacked(rq, NULL);
+    store_ok(k, rc, what);
 }
 
 /* ---- Stats / ListBlocks / Health ---------------------------------------------------------------- */
 
-static void h_stats(void *ctx, const tkvd_call_info *ci, const uint8_t *req, size_t len,
-                    tkvd_reply *out)
+static void h_stats(tkvd_call *k, const void *req, void *out)
 {
-    tkvd_service *svc = ctx;
-    Tierkv__V1__StatsRequest *rq;
-    UNPACK_OR_FAIL(rq, tierkv__v1__stats_request, "StatsRequest", req, len, out);
-    tierkv__v1__stats_request__free_unpacked(rq, NULL);
-    const tkvd_config *cfg = svc->cfg;
-    tkvd_metrics *m = svc->metrics;
+    (void)req;
+    Tierkv__V1__StatsResponse *rsp = out;
+    const tkvd_config *cfg = k->svc->cfg;
+    tkvd_metrics *m = k->svc->metrics;
     tkv_store_stats st;
-    tkv_store_get_stats(svc->store, &st);
+    tkv_store_get_stats(k->svc->store, &st);
 
-    Tierkv__V1__Geometry geo = TIERKV__V1__GEOMETRY__INIT;
-    geo.num_layers = cfg->geometry.num_layers;
-    geo.num_kv_heads = cfg->geometry.num_kv_heads;
-    geo.head_dim = cfg->geometry.head_dim;
-    geo.block_tokens = cfg->geometry.block_tokens;
-    geo.kv_dtype = (char *)tkvd_dtype_name(cfg->geometry.dtype);
-    geo.scale_mode = (char *)tkvd_scale_mode_name(cfg->geometry.scale_mode);
-    geo.model_id = (char *)cfg->geometry.model_id;
-    geo.fingerprint.data = (uint8_t *)cfg->fingerprint;
-    geo.fingerprint.len = TKV_KEY_BYTES;
-    geo.block_bytes = cfg->block_bytes;
+    Tierkv__V1__Geometry *geo = call_alloc(k, 1, sizeof(*geo));
+    tierkv__v1__geometry__init(geo);
+    geo->num_layers = cfg->geometry.num_layers;
+    geo->num_kv_heads = cfg->geometry.num_kv_heads;
+    geo->head_dim = cfg->geometry.head_dim;
+    geo->block_tokens = cfg->geometry.block_tokens;
+    geo->kv_dtype = (char *)tkvd_dtype_name(cfg->geometry.dtype);
+    geo->scale_mode = (char *)tkvd_scale_mode_name(cfg->geometry.scale_mode);
+    geo->model_id = (char *)cfg->geometry.model_id;
+    geo->fingerprint.data = (uint8_t *)cfg->fingerprint;
+    geo->fingerprint.len = TKV_KEY_BYTES;
+    geo->block_bytes = cfg->block_bytes;
 
     /* L2 always; L3 when enabled; L1 when a GPU tier is attached. */
-    Tierkv__V1__TierStats tiers[3];
-    Tierkv__V1__TierStats *tier_ptrs[3];
+    Tierkv__V1__TierStats *tiers = call_alloc(k, 3, sizeof(*tiers));
+    Tierkv__V1__TierStats **tier_ptrs = call_alloc(k, 3, sizeof(*tier_ptrs));
     size_t num_tiers = 0;
     for (int t = TKV_TIER_L1; t <= TKV_TIER_L3; t++) {
         if (t == TKV_TIER_L3 && !cfg->l3_enabled)
@@ -679,34 +611,32 @@ static void h_stats(void *ctx, const tkvd_call_info *ci, const uint8_t *req, siz
         num_tiers++;
     }
 
-    Tierkv__V1__StatsResponse rsp = TIERKV__V1__STATS_RESPONSE__INIT;
-    rsp.lookups = st.lookups;
-    rsp.hit_blocks = st.hit_blocks;
-    rsp.miss_blocks = st.miss_blocks;
-    rsp.hit_tokens = atomic_load_explicit(&m->lookup_hit_tokens, memory_order_relaxed);
-    rsp.n_tiers = num_tiers;
-    rsp.tiers = tier_ptrs;
-    rsp.promotions = st.promotions;
-    rsp.promotion_bytes = st.promotion_bytes;
-    rsp.demotions = st.demotions;
-    rsp.demotion_bytes = st.demotion_bytes;
-    rsp.evictions = st.evictions;
-    rsp.checksum_failures = st.checksum_failures;
-    rsp.io_errors = st.io_errors;
-    rsp.leases_active = st.leases_active;
-    rsp.clients_connected = atomic_load_explicit(&m->clients_connected, memory_order_relaxed);
-    rsp.lookup_p50_us = tkvd_metrics_lookup_quantile_us(m, 0.50);
-    rsp.lookup_p99_us = tkvd_metrics_lookup_quantile_us(m, 0.99);
+    rsp->lookups = st.lookups;
+    rsp->hit_blocks = st.hit_blocks;
+    rsp->miss_blocks = st.miss_blocks;
+    rsp->hit_tokens = atomic_load_explicit(&m->lookup_hit_tokens, memory_order_relaxed);
+    rsp->n_tiers = num_tiers;
+    rsp->tiers = tier_ptrs;
+    rsp->promotions = st.promotions;
+    rsp->promotion_bytes = st.promotion_bytes;
+    rsp->demotions = st.demotions;
+    rsp->demotion_bytes = st.demotion_bytes;
+    rsp->evictions = st.evictions;
+    rsp->checksum_failures = st.checksum_failures;
+    rsp->io_errors = st.io_errors;
+    rsp->leases_active = st.leases_active;
+    rsp->clients_connected = atomic_load_explicit(&m->clients_connected, memory_order_relaxed);
+    rsp->lookup_p50_us = tkvd_metrics_lookup_quantile_us(m, 0.50);
+    rsp->lookup_p99_us = tkvd_metrics_lookup_quantile_us(m, 0.99);
     uint64_t now_ms = tkv_wall_ms();
-    rsp.uptime_s = now_ms > m->start_ms ? (now_ms - m->start_ms) / 1000 : 0;
-    rsp.geometry = &geo;
-    rsp.puts = st.puts;
-    rsp.put_blocks = st.put_blocks;
-    rsp.gets = st.gets;
-    rsp.get_bytes = st.get_bytes;
-    rsp.l3_readonly = st.l3_readonly != 0;
-    rsp.policy = (char *)cfg->policy;
-    PACK_REPLY(out, tierkv__v1__stats_response, &rsp);
+    rsp->uptime_s = now_ms > m->start_ms ? (now_ms - m->start_ms) / 1000 : 0;
+    rsp->geometry = geo;
+    rsp->puts = st.puts;
+    rsp->put_blocks = st.put_blocks;
+    rsp->gets = st.gets;
+    rsp->get_bytes = st.get_bytes;
+    rsp->l3_readonly = st.l3_readonly != 0;
+    rsp->policy = (char *)cfg->policy;
 }
 
 typedef struct list_ctx {
@@ -741,30 +671,25 @@ static const char *state_name(uint8_t s)
     }
 }
 
-static void h_list_blocks(void *ctx, const tkvd_call_info *ci, const uint8_t *req, size_t len,
-                          tkvd_reply *out)
+static bool v_list_blocks(tkvd_call *k, const void *req)
 {
-    tkvd_service *svc = ctx;
-    Tierkv__V1__ListBlocksRequest *rq;
-    UNPACK_OR_FAIL(rq, tierkv__v1__list_blocks_request, "ListBlocksRequest", req, len, out);
-    int tier = (int)rq->tier;
-    list_ctx lc = {.tier = tier};
-    Tierkv__V1__BlockInfo *msgs = NULL;
-    Tierkv__V1__BlockInfo **ptrs = NULL;
-    if (tier < TKV_TIER_NONE || tier > TKV_TIER_L3) {
-        fail_with(out, GRPC_STATUS_INVALID_ARGUMENT, "list_blocks: unknown tier %d", tier);
-        goto done;
-    }
+    const Tierkv__V1__ListBlocksRequest *rq = req;
+    if ((int)rq->tier < TKV_TIER_NONE || (int)rq->tier > TKV_TIER_L3)
+        return fail_with(k, GRPC_STATUS_INVALID_ARGUMENT, "list_blocks: unknown tier %d", (int)rq->tier);
+    return true;
+}
+
+static void h_list_blocks(tkvd_call *k, const void *req, void *out)
+{
+    const Tierkv__V1__ListBlocksRequest *rq = req;
+    Tierkv__V1__ListBlocksResponse *rsp = out;
+    list_ctx lc = {.tier = (int)rq->tier};
     lc.limit = rq->limit && rq->limit < kListMax ? rq->limit : kListMax;
-    Tierkv__V1__ListBlocksResponse rsp = TIERKV__V1__LIST_BLOCKS_RESPONSE__INIT;
-    lc.infos = tkv_xcalloc(lc.limit, sizeof(*lc.infos));
-    int rc = tkv_store_list(svc->store, list_cb, &lc);
-    if (rc != TKV_OK) {
-        fail_store(out, rc, "list_blocks");
-        goto done;
-    }
-    msgs = tkv_xcalloc(lc.count ? lc.count : 1, sizeof(*msgs));
-    ptrs = tkv_xcalloc(lc.count ? lc.count : 1, sizeof(*ptrs));
+    lc.infos = call_alloc(k, lc.limit, sizeof(*lc.infos));
+    if (!store_ok(k, tkv_store_list(k->svc->store, list_cb, &lc), "list_blocks"))
+        return;
+    Tierkv__V1__BlockInfo *msgs = call_alloc(k, lc.count, sizeof(*msgs));
+    Tierkv__V1__BlockInfo **ptrs = call_alloc(k, lc.count, sizeof(*ptrs));
     for (size_t i = 0; i < lc.count; i++) {
         tkv_block_info *b = &lc.infos[i];
         Tierkv__V1__BlockInfo *bi = &msgs[i];
@@ -783,123 +708,89 @@ static void h_list_blocks(void *ctx, const tkvd_call_info *ci, const uint8_t *re
         bi->last_access_ms = b->last_access_ms;
         ptrs[i] = bi;
     }
-    rsp.n_blocks = lc.count;
-    rsp.blocks = ptrs;
-    rsp.total = lc.total;
-    PACK_REPLY(out, tierkv__v1__list_blocks_response, &rsp);
-done:
-    free(lc.infos);
-    free(msgs);
-    free(ptrs);
-    tierkv__v1__list_blocks_request__free_unpacked(rq, NULL);
+    rsp->n_blocks = lc.count;
+    rsp->blocks = ptrs;
+    rsp->total = lc.total;
 }
 
-static void h_health(void *ctx, const tkvd_call_info *ci, const uint8_t *req, size_t len,
-                     tkvd_reply *out)
+static void h_health(tkvd_call *k, const void *req, void *out)
 {
-    tkvd_service *svc = ctx;
-    Tierkv__V1__HealthRequest *rq;
-    UNPACK_OR_FAIL(rq, tierkv__v1__health_request, "HealthRequest", req, len, out);
-    tierkv__v1__health_request__free_unpacked(rq, NULL);
+    (void)req;
+    Tierkv__V1__HealthResponse *rsp = out;
+    tkvd_service *svc = k->svc;
     tkv_store_stats st;
     tkv_store_get_stats(svc->store, &st);
-    char notes[4][160];
-    char *note_ptrs[4];
+    enum { kNotes = 4, kNoteBytes = 160 };
+    char *notes = call_alloc(k, kNotes, kNoteBytes);
+    char **note_ptrs = call_alloc(k, kNotes, sizeof(*note_ptrs));
     size_t n = 0;
     bool degraded = false;
+    for (size_t i = 0; i < kNotes; i++)
+        note_ptrs[i] = notes + i * kNoteBytes;
     if (st.l3_readonly) {
-        snprintf(notes[n], sizeof(notes[n]), "l3 read-only after write errors (%" PRIu64 " I/O errors)",
+        snprintf(note_ptrs[n++], kNoteBytes, "l3 read-only after write errors (%" PRIu64 " I/O errors)",
                  st.io_errors);
         degraded = true;
-        n++;
     } else if (st.io_errors) {
-        snprintf(notes[n++], sizeof(notes[0]), "%" PRIu64 " I/O errors so far", st.io_errors);
+        snprintf(note_ptrs[n++], kNoteBytes, "%" PRIu64 " I/O errors so far", st.io_errors);
     }
     if (st.checksum_failures)
-        snprintf(notes[n++], sizeof(notes[0]), "%" PRIu64 " blocks dropped on checksum failure",
+        snprintf(note_ptrs[n++], kNoteBytes, "%" PRIu64 " blocks dropped on checksum failure",
                  st.checksum_failures);
     if (!svc->cfg->l3_enabled)
-        snprintf(notes[n++], sizeof(notes[0]), "l3 off by configuration");
-    if (svc->cfg->l3_enabled)
-        snprintf(notes[n++], sizeof(notes[0]), "l3 io: %s",
+        snprintf(note_ptrs[n++], kNoteBytes, "l3 off by configuration");
+    else
+        snprintf(note_ptrs[n++], kNoteBytes, "l3 io: %s",
                  st.l3_io_mode == TKV_IO_URING ? "io_uring" : "pread/pwrite");
-    for (size_t i = 0; i < n; i++)
-        note_ptrs[i] = notes[i];
-    Tierkv__V1__HealthResponse rsp = TIERKV__V1__HEALTH_RESPONSE__INIT;
-    rsp.status = atomic_load(&svc->stopping) ? "stopping" : degraded ? "degraded" : "serving";
-    rsp.version = (char *)svc->version;
-    rsp.n_notes = n;
-    rsp.notes = note_ptrs;
-    PACK_REPLY(out, tierkv__v1__health_response, &rsp);
+    rsp->status = atomic_load(&svc->stopping) ? "stopping" : degraded ? "degraded" : "serving";
+    rsp->version = (char *)svc->version;
+    rsp->n_notes = n;
+    rsp->notes = note_ptrs;
 }
 
 /* ---- Evict / Flush / Verify ---------------------------------------------------------------------- */
 
-static void h_evict(void *ctx, const tkvd_call_info *ci, const uint8_t *req, size_t len,
-                    tkvd_reply *out)
+static bool v_evict(tkvd_call *k, const void *req)
 {
-    tkvd_service *svc = ctx;
-    Tierkv__V1__EvictRequest *rq;
-    UNPACK_OR_FAIL(rq, tierkv__v1__evict_request, "EvictRequest", req, len, out);
-    tkv_key *keys = NULL;
+    const Tierkv__V1__EvictRequest *rq = req;
     int tier = (int)rq->tier;
-    if (tier == TKV_TIER_L1 && !has_l1(svc)) {
-        fail_with(out, GRPC_STATUS_UNIMPLEMENTED, "evict: this daemon has no GPU (L1) tier");
-        goto done;
-    }
-    if (tier != TKV_TIER_L1 && tier != TKV_TIER_L2 && tier != TKV_TIER_L3) {
-        fail_with(out, GRPC_STATUS_INVALID_ARGUMENT, "evict: tier must be TIER_L1, TIER_L2 or "
-                  "TIER_L3, not %d", tier);
-        goto done;
-    }
-    if (tier == TKV_TIER_L3 && !svc->cfg->l3_enabled) {
-        fail_with(out, GRPC_STATUS_FAILED_PRECONDITION, "evict: l3 is off in this daemon");
-        goto done;
-    }
-    size_t num_keys = 0;
-    if (rq->n_tokens > 0 || rq->scope) {
-        if (!check_scope(svc, rq->scope, out) || !check_tokens(svc, rq->n_tokens, out))
-            goto done;
-        num_keys = rq->n_tokens / svc->cfg->geometry.block_tokens;
-        if (rq->n_tokens > 0 && num_keys == 0) {
-            fail_with(out, GRPC_STATUS_INVALID_ARGUMENT,
-                      "evict: %zu tokens hold no full block of %u", rq->n_tokens,
-                      svc->cfg->geometry.block_tokens);
-            goto done;
-        }
-        if (num_keys)
-            keys = derive_keys(svc, rq->scope, rq->tokens, num_keys);
-    }
-    size_t evicted = 0, pinned = 0;
-    int rc = tkv_store_evict(svc->store, tier, keys, num_keys, &evicted, &pinned);
-    if (rc != TKV_OK) {
-        fail_store(out, rc, "evict");
-        goto done;
-    }
-    TKV_LOG(TKV_LOG_INFO, "evict %s: %zu blocks out, %zu pinned", tier_name(tier), evicted, pinned);
-    Tierkv__V1__EvictResponse rsp = TIERKV__V1__EVICT_RESPONSE__INIT;
-    rsp.num_evicted = (uint32_t)evicted;
-    rsp.num_pinned = (uint32_t)pinned;
-    PACK_REPLY(out, tierkv__v1__evict_response, &rsp);
-done:
-    free(keys);
-    tierkv__v1__evict_request__free_unpacked(rq, NULL);
+    if (tier == TKV_TIER_L1 && !has_l1(k->svc))
+        return fail_with(k, GRPC_STATUS_UNIMPLEMENTED, "evict: this daemon has no GPU (L1) tier");
+    if (tier != TKV_TIER_L1 && tier != TKV_TIER_L2 && tier != TKV_TIER_L3)
+        return fail_with(k, GRPC_STATUS_INVALID_ARGUMENT, "evict: tier must be TIER_L1, TIER_L2 or "
+                         "TIER_L3, not %d", tier);
+    if (tier == TKV_TIER_L3 && !k->svc->cfg->l3_enabled)
+        return fail_with(k, GRPC_STATUS_FAILED_PRECONDITION, "evict: l3 is off in this daemon");
+    if (rq->n_tokens > 0 && !rq->scope)
+        return check_scope(k, rq->scope); /* fails: tokens are read in a scope */
+    uint32_t P = k->svc->cfg->geometry.block_tokens;
+    if (rq->n_tokens > 0 && rq->n_tokens / P == 0)
+        return fail_with(k, GRPC_STATUS_INVALID_ARGUMENT, "evict: %zu tokens hold no full block of %u",
+                         rq->n_tokens, P);
+    return true;
 }
 
-static void h_flush(void *ctx, const tkvd_call_info *ci, const uint8_t *req, size_t len,
-                    tkvd_reply *out)
+static void h_evict(tkvd_call *k, const void *req, void *out)
 {
-    tkvd_service *svc = ctx;
-    Tierkv__V1__FlushRequest *rq;
-    UNPACK_OR_FAIL(rq, tierkv__v1__flush_request, "FlushRequest", req, len, out);
-    tierkv__v1__flush_request__free_unpacked(rq, NULL);
-    int rc = tkv_store_flush(svc->store);
-    if (rc != TKV_OK) {
-        fail_store(out, rc, "flush");
+    const Tierkv__V1__EvictRequest *rq = req;
+    Tierkv__V1__EvictResponse *rsp = out;
+    int tier = (int)rq->tier;
+    size_t num_keys = rq->n_tokens / k->svc->cfg->geometry.block_tokens;
+    tkv_key *keys = num_keys ? derive_keys(k, rq->tokens, num_keys) : NULL;
+    size_t evicted = 0, pinned = 0;
+    int rc = tkv_store_evict(k->svc->store, tier, keys, num_keys, &evicted, &pinned);
+    if (!store_ok(k, rc, "evict"))
         return;
-    }
-    Tierkv__V1__FlushResponse rsp = TIERKV__V1__FLUSH_RESPONSE__INIT;
-    PACK_REPLY(out, tierkv__v1__flush_response, &rsp);
+    TKV_LOG(TKV_LOG_INFO, "evict %s: %zu blocks out, %zu pinned", tier_name(tier), evicted, pinned);
+    rsp->num_evicted = (uint32_t)evicted;
+    rsp->num_pinned = (uint32_t)pinned;
+}
+
+static void h_flush(tkvd_call *k, const void *req, void *out)
+{
+    (void)req;
+    (void)out;
+    store_ok(k, tkv_store_flush(k->svc->store), "flush");
 }
 
 typedef struct verify_ctx {
@@ -934,25 +825,19 @@ static void verify_progress(void *arg, uint64_t done, uint64_t total)
     send_progress(vc, done, total, 0);
 }
 
-static void h_verify(void *ctx, const tkvd_call_info *ci, const uint8_t *req, size_t len,
-                     tkvd_stream *st, tkvd_reply *out)
+static void h_verify(tkvd_call *k, const void *req, void *out)
 {
-    tkvd_service *svc = ctx;
-    Tierkv__V1__VerifyRequest *rq;
-    UNPACK_OR_FAIL(rq, tierkv__v1__verify_request, "VerifyRequest", req, len, out);
-    tierkv__v1__verify_request__free_unpacked(rq, NULL);
-    verify_ctx vc = {.st = st, .last_ns = tkv_now_ns()};
+    (void)req;
+    (void)out;
+    verify_ctx vc = {.st = k->stream, .last_ns = tkv_now_ns()};
     uint64_t checked = 0, bad = 0;
-    int rc = tkv_store_verify(svc->store, verify_progress, &vc, &checked, &bad);
-    if (rc != TKV_OK) {
-        fail_store(out, rc, "verify");
+    if (!store_ok(k, tkv_store_verify(k->svc->store, verify_progress, &vc, &checked, &bad), "verify"))
         return;
-    }
     if (bad)
         TKV_LOG(TKV_LOG_WARN, "verify: %" PRIu64 " of %" PRIu64 " blocks failed their checksum "
                 "and were dropped", bad, checked);
     if (!send_progress(&vc, checked, checked, bad))
-        fail_with(out, GRPC_STATUS_CANCELLED, "verify: client went away");
+        fail_with(k, GRPC_STATUS_CANCELLED, "verify: client went away");
 }
 
 void tkvd_service_abort_waits(void *ctx)
@@ -963,68 +848,184 @@ void tkvd_service_abort_waits(void *ctx)
 
 /* ---- cost check ------------------------------------------------------------------------------ */
 
-static void h_cost_check(void *ctx, const tkvd_call_info *ci, const uint8_t *req, size_t len,
-                         tkvd_reply *out)
+static bool v_cost_check(tkvd_call *k, const void *req)
 {
-    tkvd_service *svc = ctx;
-    Tierkv__V1__CostCheckRequest *rq;
-    UNPACK_OR_FAIL(rq, tierkv__v1__cost_check_request, "CostCheckRequest", req, len, out);
-    tkv_block_loc *locs = NULL;
-    if (!(rq->prefill_ms >= 0) || rq->prefill_ms > 1e9) { /* also refuses NaN */
-        fail_with(out, GRPC_STATUS_INVALID_ARGUMENT, "cost_check: prefill_ms %g not in [0, 1e9]",
-                  rq->prefill_ms);
-        goto done;
-    }
-    int tier = (int)rq->tier == TKV_TIER_NONE ? (has_l1(svc) ? TKV_TIER_L1 : TKV_TIER_L2)
-                                         : target_tier(svc, rq->tier, "cost_check", out);
-    if (tier < 0)
-        goto done;
-    size_t cap = max_lease_blocks(svc), n = 0;
-    locs = tkv_xcalloc(cap, sizeof(*locs));
-    int rc = tkv_store_lease_locs(svc->store, rq->lease_id, locs, cap, &n);
-    if (rc != TKV_OK) {
-        fail_store(out, rc, "cost_check");
-        goto done;
-    }
-    tkvd_cost cost = tkvd_cost_estimate(&svc->rates, locs, n < cap ? n : cap, tier,
-                                        tkv_store_block_bytes(svc->store));
-    Tierkv__V1__CostCheckResponse rsp = TIERKV__V1__COST_CHECK_RESPONSE__INIT;
-    rsp.restore_ms = cost.restore_ms;
-    rsp.use_cache = cost.restore_ms < rq->prefill_ms;
-    rsp.blocks_in_tier = cost.in_tier;
-    rsp.blocks_from_l2 = cost.from_l2;
-    rsp.blocks_from_l3 = cost.from_l3;
-    rsp.pcie_gbps = cost.pcie_gbps;
-    rsp.l3_read_gbps = cost.l3_read_gbps;
-    PACK_REPLY(out, tierkv__v1__cost_check_response, &rsp);
-done:
-    free(locs);
-    tierkv__v1__cost_check_request__free_unpacked(rq, NULL);
+    const Tierkv__V1__CostCheckRequest *rq = req;
+    if (!(rq->prefill_ms >= 0) || rq->prefill_ms > 1e9) /* also refuses NaN */
+        return fail_with(k, GRPC_STATUS_INVALID_ARGUMENT, "cost_check: prefill_ms %g not in [0, 1e9]",
+                         rq->prefill_ms);
+    return (int)rq->tier == TKV_TIER_NONE || target_tier(k, rq->tier, "cost_check") >= 0;
 }
 
-/* ---- table and limits ------------------------------------------------------------------------- */
+static void h_cost_check(tkvd_call *k, const void *req, void *out)
+{
+    const Tierkv__V1__CostCheckRequest *rq = req;
+    Tierkv__V1__CostCheckResponse *rsp = out;
+    tkvd_service *svc = k->svc;
+    int tier = (int)rq->tier == TKV_TIER_NONE ? (has_l1(svc) ? TKV_TIER_L1 : TKV_TIER_L2)
+                                              : target_tier(k, rq->tier, "cost_check");
+    tkv_block_loc *locs;
+    size_t n = 0;
+    if (!lease_locs(k, rq->lease_id, "cost_check", &locs, &n))
+        return;
+    tkvd_cost cost = tkvd_cost_estimate(&svc->rates, locs, n, tier, tkv_store_block_bytes(svc->store));
+    rsp->restore_ms = cost.restore_ms;
+    rsp->use_cache = cost.restore_ms < rq->prefill_ms;
+    rsp->blocks_in_tier = cost.in_tier;
+    rsp->blocks_from_l2 = cost.from_l2;
+    rsp->blocks_from_l3 = cost.from_l3;
+    rsp->pcie_gbps = cost.pcie_gbps;
+    rsp->l3_read_gbps = cost.l3_read_gbps;
+}
 
-static const tkvd_method kMethods[] = {
-    {"/tierkv.v1.Cache/Lookup", h_lookup, NULL, false},
-    {"/tierkv.v1.Cache/Prefetch", h_prefetch, NULL, true},
-    {"/tierkv.v1.Cache/Put", h_put, NULL, true},
-    {"/tierkv.v1.Cache/Get", h_get, NULL, true},
-    {"/tierkv.v1.Cache/Alloc", h_alloc, NULL, true},
-    {"/tierkv.v1.Cache/WriteSlot", h_write_slot, NULL, false},
-    {"/tierkv.v1.Cache/Commit", h_commit, NULL, true},
-    {"/tierkv.v1.Cache/Release", h_release, NULL, false},
-    {"/tierkv.v1.Cache/Stats", h_stats, NULL, false},
-    {"/tierkv.v1.Cache/ListBlocks", h_list_blocks, NULL, true},
-    {"/tierkv.v1.Cache/Evict", h_evict, NULL, true},
-    {"/tierkv.v1.Cache/Flush", h_flush, NULL, true},
-    {"/tierkv.v1.Cache/Verify", NULL, h_verify, true},
-    {"/tierkv.v1.Cache/Health", h_health, NULL, false},
-    {"/tierkv.v1.Cache/CostCheck", h_cost_check, NULL, false},
+/* ==== the table, the dispatcher and the gRPC adapter ============================================ */
+
+enum {
+    kScope = 1,         /* the request has a required `scope`: checked and bound first */
+    kScopeIfSet = 2,    /* an optional `scope`: checked and bound when present */
+    kBlocking = 4,      /* may wait for I/O or the store's write-back (gRPC: worker pool) */
+    kStream = 8,        /* server-streaming (gRPC only); no reply message */
 };
+
+typedef struct handler {
+    const char *path;                              /* gRPC method path */
+    const ProtobufCMessageDescriptor *req, *rsp;   /* rsp NULL for streams */
+    bool (*validate)(tkvd_call *k, const void *req); /* NULL: nothing beyond the scope */
+    void (*run)(tkvd_call *k, const void *req, void *rsp);
+    unsigned flags;
+    uint32_t fast_op;                              /* TKV_FAST_* id, 0 = gRPC only */
+} handler;
+
+#define M(name) "/tierkv.v1.Cache/" name
+#define D(type) &tierkv__v1__##type##__descriptor
+static const handler kHandlers[] = {
+    {M("Lookup"), D(lookup_request), D(lookup_response), NULL, h_lookup, kScope, 0},
+    {M("Prefetch"), D(prefetch_request), D(prefetch_response), v_prefetch, h_prefetch, kBlocking, 0},
+    {M("Put"), D(put_request), D(put_response), v_put, h_put, kScope | kBlocking, 0},
+    {M("Get"), D(get_request), D(get_response), v_get, h_get, kBlocking, 0},
+    {M("Alloc"), D(alloc_request), D(alloc_response), v_alloc, h_alloc, kScope | kBlocking, 0},
+    {M("WriteSlot"), D(write_slot_request), D(write_slot_response), v_write_slot, h_write_slot, 0, 0},
+    {M("Commit"), D(commit_request), D(commit_response), v_commit, h_commit, kScope | kBlocking, 0},
+    {M("Release"), D(release_request), D(release_response), v_release, h_release, 0, 0},
+    {M("Stats"), D(stats_request), D(stats_response), NULL, h_stats, 0, 0},
+    {M("ListBlocks"), D(list_blocks_request), D(list_blocks_response), v_list_blocks, h_list_blocks,
+     kBlocking, 0},
+    {M("Evict"), D(evict_request), D(evict_response), v_evict, h_evict, kScopeIfSet | kBlocking, 0},
+    {M("Flush"), D(flush_request), D(flush_response), NULL, h_flush, kBlocking, 0},
+    {M("Verify"), D(verify_request), NULL, NULL, h_verify, kStream | kBlocking, 0},
+    {M("Health"), D(health_request), D(health_response), NULL, h_health, 0, 0},
+    {M("CostCheck"), D(cost_check_request), D(cost_check_response), v_cost_check, h_cost_check, 0, 0},
+};
+#undef M
+#undef D
+#define kNumHandlers (sizeof(kHandlers) / sizeof(kHandlers[0]))
+
+int tkvd_service_fast_method(uint32_t op)
+{
+    for (size_t i = 0; op && i < kNumHandlers; i++)
+        if (kHandlers[i].fast_op == op)
+            return (int)i;
+    return -1;
+}
+
+/* The request's `scope` field, when its message type has one. */
+static const Tierkv__V1__BlockScope *request_scope(const handler *h, const ProtobufCMessage *rq)
+{
+    const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field_by_name(h->req, "scope");
+    if (!f)
+        return NULL;
+    return *(const Tierkv__V1__BlockScope *const *)((const uint8_t *)rq + f->offset);
+}
+
+/* Every request with a `tokens` field holds one prompt of at most max_prompt_tokens. */
+static bool check_request_tokens(tkvd_call *k, const handler *h, const ProtobufCMessage *rq)
+{
+    const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field_by_name(h->req, "tokens");
+    if (!f)
+        return true;
+    return check_tokens(k, *(const size_t *)((const uint8_t *)rq + f->quantifier_offset));
+}
+
+void tkvd_service_dispatch(tkvd_service *svc, tkvd_call *k, int method, const uint8_t *req,
+                           size_t len, uint8_t **rsp, size_t *rsp_len)
+{
+    TKV_ASSERT(method >= 0 && (size_t)method < kNumHandlers);
+    const handler *h = &kHandlers[method];
+    k->svc = svc;
+    k->code = GRPC_STATUS_OK;
+    *rsp = NULL;
+    *rsp_len = 0;
+    ProtobufCMessage *rq = protobuf_c_message_unpack(h->req, NULL, len, req);
+    if (!rq) {
+        fail_with(k, GRPC_STATUS_INVALID_ARGUMENT, "malformed %s: %zu bytes are not a valid "
+                  "protobuf message", h->req->short_name, len);
+        return;
+    }
+    const Tierkv__V1__BlockScope *scope = request_scope(h, rq);
+    bool scoped = (h->flags & kScope) || ((h->flags & kScopeIfSet) && scope);
+    if (scoped && check_scope(k, scope))
+        bind_scope(k, scope);
+    if (k->code == GRPC_STATUS_OK && check_request_tokens(k, h, rq) &&
+        (!h->validate || h->validate(k, rq))) {
+        ProtobufCMessage *out = NULL;
+        if (h->rsp) {
+            out = call_alloc(k, 1, h->rsp->sizeof_message);
+            protobuf_c_message_init(h->rsp, out);
+        }
+        h->run(k, rq, out);
+        if (k->code == GRPC_STATUS_OK && out) {
+            size_t n = protobuf_c_message_get_packed_size(out);
+            *rsp = tkv_xmalloc(n ? n : 1);
+            *rsp_len = protobuf_c_message_pack(out, *rsp);
+        }
+    }
+    for (size_t i = 0; i < k->num_scratch; i++)
+        free(k->scratch[i]);
+    k->num_scratch = 0;
+    protobuf_c_message_free_unpacked(rq, NULL);
+}
+
+/* gRPC: the call's peer as the server saw it, then the one dispatch. */
+static void grpc_dispatch(void *ctx, const tkvd_call_info *ci, const uint8_t *req, size_t len,
+                          tkvd_stream *st, tkvd_reply *out)
+{
+    tkvd_call k;
+    memset(&k, 0, sizeof(k));
+    k.timeout_ms = ci->timeout_ms;
+    k.stream = st;
+    k.peer.kind = ci->is_unix ? TKVD_PEER_GRPC_UNIX : TKVD_PEER_GRPC_TCP;
+    memcpy(k.peer.addr, ci->peer, sizeof(k.peer.addr));
+    memcpy(k.peer.tls_subject, ci->tls_subject, sizeof(k.peer.tls_subject));
+    memcpy(k.peer.token, ci->token, sizeof(k.peer.token));
+    int method = (int)((const handler *)ci->arg - kHandlers);
+    tkvd_service_dispatch(ctx, &k, method, req, len, &out->buf, &out->len);
+    out->code = k.code;
+    memcpy(out->msg, k.msg, sizeof(out->msg));
+}
+
+static void grpc_unary(void *ctx, const tkvd_call_info *ci, const uint8_t *req, size_t len,
+                       tkvd_reply *out)
+{
+    grpc_dispatch(ctx, ci, req, len, NULL, out);
+}
+
+static tkvd_method kMethods[kNumHandlers];
+static pthread_once_t kMethodsOnce = PTHREAD_ONCE_INIT;
+
+static void build_methods(void)
+{
+    for (size_t i = 0; i < kNumHandlers; i++) {
+        const handler *h = &kHandlers[i];
+        bool stream = h->flags & kStream;
+        kMethods[i] = (tkvd_method){h->path, stream ? NULL : grpc_unary,
+                                    stream ? grpc_dispatch : NULL, (h->flags & kBlocking) != 0, h};
+    }
+}
 
 const tkvd_method *tkvd_service_methods(size_t *num_methods)
 {
-    *num_methods = sizeof(kMethods) / sizeof(kMethods[0]);
+    pthread_once(&kMethodsOnce, build_methods);
+    *num_methods = kNumHandlers;
     return kMethods;
 }
 

@@ -38,8 +38,14 @@ typedef struct tkvd_reply {
 typedef struct tkvd_stream tkvd_stream;
 bool tkvd_stream_send(tkvd_stream *st, const uint8_t *buf, size_t len);
 
+/* What the transport knows of a call: its deadline and who sent it. */
 typedef struct tkvd_call_info {
     int timeout_ms;     /* time left until the client's deadline; -1 = none */
+    const void *arg;    /* the method's tkvd_method.arg */
+    bool is_unix;       /* arrived on the UNIX socket (else TCP) */
+    char peer[96];      /* gRPC's peer string: "unix:...", "ipv4:127.0.0.1:port", ... */
+    char tls_subject[128]; /* TCP+TLS with a client certificate: its subject (CN); else "" */
+    char token[160];    /* the "authorization" metadata, when the client sent one; else "" */
 } tkvd_call_info;
 
 typedef void (*tkvd_unary_fn)(void *ctx, const tkvd_call_info *ci, const uint8_t *req,
@@ -52,6 +58,7 @@ typedef struct tkvd_method {
     tkvd_unary_fn unary;       /* exactly one of unary / stream */
     tkvd_stream_fn stream;
     bool blocking;             /* run on the worker pool */
+    const void *arg;           /* handed to the handler as tkvd_call_info.arg */
 } tkvd_method;
 
 typedef struct tkvd_server_opts {

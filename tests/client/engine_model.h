@@ -4,6 +4,11 @@
  * argument set-up both the CPU test (tests/client/test_engine.c) and the GPU test
  * (tests/gpu/gpu_tier_e2e.c) use. Header-only (static functions).
  *
+ * Each step is set up twice from the same values: through libkvclient's own structs
+ * (kvc_store_params, kvc_attend_args: what an engine uses) and through the kernels' (the
+ * tests' single-process reference). A field lost or an enum mistranslated between the two
+ * makes the pages or the outputs differ, so the tests also check engine.c's translation.
+ *
  * Geometry: 2 layers, 2 KV heads, head dim 64, 16 tokens per page, FP8 e4m3 per-tensor, 4 query
  * heads (GQA group 2): 8 KiB blocks, small enough for CI, large enough that layer and head
  * strides matter.
@@ -16,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvclient.h"
 #include "tkv_kernels.h"
 
 #define EM_LAYERS 2
@@ -84,6 +90,29 @@ static inline void em_prologue(tkvk_prologue_params *p, const uint16_t *qkv, int
     p->v_scale = EM_V_SCALE;
 }
 
+/* The same layer's parameters for kvc_store (the pool and the layout are the library's). */
+static inline void em_store(kvc_store_params *p, const uint16_t *qkv, int n,
+                            const int32_t *positions, const float *cos_t, const float *sin_t,
+                            int layer, const int64_t *slots, uint16_t *q_out)
+{
+    kvc_store_params_init(p, sizeof(*p));
+    p->qkv = qkv;
+    p->num_tokens = n;
+    p->num_q_heads = EM_Q_HEADS;
+    p->positions = positions;
+    p->rope_cos = cos_t;
+    p->rope_sin = sin_t;
+    p->max_pos = EM_MAX_POS;
+    p->rope_style = KVC_ROPE_NEOX;
+    p->norm_mode = KVC_NORM_OFF;
+    p->q_dtype = KVC_DTYPE_BF16;
+    p->q_out = q_out;
+    p->layer = layer;
+    p->slot_mapping = slots;
+    p->k_scale = EM_K_SCALE;
+    p->v_scale = EM_V_SCALE;
+}
+
 /* Decode arguments of one request, one query token, over table[0..table_len). */
 static inline void em_decode(tkvk_decode_args *a, const tkvk_layout *lay, int layer,
                              const uint16_t *q, const int32_t *kv_len, const int32_t *table,
@@ -103,6 +132,27 @@ static inline void em_decode(tkvk_decode_args *a, const tkvk_layout *lay, int la
     a->k_scale = EM_K_SCALE;
     a->v_scale = EM_V_SCALE;
     a->sm_scale = 1.0f / sqrtf((float)EM_HEAD_DIM);
+    a->out = out;
+    a->lse = lse;
+}
+
+/* The same decode for kvc_attend; sm_scale is left at its default (1/sqrt(head_dim)). */
+static inline void em_attend(kvc_attend_args *a, int layer, const uint16_t *q,
+                             const int32_t *kv_len, const int32_t *table, int table_len,
+                             uint16_t *out, float *lse)
+{
+    kvc_attend_args_init(a, sizeof(*a));
+    a->layer = layer;
+    a->num_requests = 1;
+    a->num_q_heads = EM_Q_HEADS;
+    a->q_len = 1;
+    a->q_dtype = KVC_DTYPE_BF16;
+    a->q = q;
+    a->kv_lens = kv_len;
+    a->block_table = table;
+    a->block_table_stride = table_len;
+    a->k_scale = EM_K_SCALE;
+    a->v_scale = EM_V_SCALE;
     a->out = out;
     a->lse = lse;
 }

@@ -99,8 +99,8 @@ static void prefill(kvc_client *c, const uint32_t *tokens, int n)
         pos[t] = t;
     for (int layer = 0; layer < EM_LAYERS; layer++) {
         em_qkv(tokens, n, layer, qkv);
-        tkvk_prologue_params p;
-        em_prologue(&p, qkv, n, pos, cs, sn, layer, slots, q);
+        kvc_store_params p;
+        em_store(&p, qkv, n, pos, cs, sn, layer, slots, q);
         rc = kvc_store(c, KVC_TIER_L2, &p, NULL);
         REQUIRE(rc == KVC_OK, "kvc_store layer %d: %s", layer, kvc_last_error());
     }
@@ -128,8 +128,8 @@ static void engine_a(void)
 
     kvc_client *ro = connect_engine(0);
     REQUIRE(kvc_pool_writable(ro, KVC_TIER_L2) == 0, "ordinary client's L2 is writable");
-    tkvk_prologue_params p;
-    tkvk_prologue_params_init(&p);
+    kvc_store_params p;
+    REQUIRE(kvc_store_params_init(&p, sizeof(p)) == KVC_OK, "%s", kvc_last_error());
     int rc = kvc_store(ro, KVC_TIER_L2, &p, NULL);
     REQUIRE(rc == KVC_EINVAL, "kvc_store on a read-only mapping gave %d (%s)", rc,
             kvc_last_error());
@@ -139,6 +139,51 @@ static void engine_a(void)
     kvc_close(ro);
     kvc_close(c);
     exit(0);
+}
+
+/* The struct_size contract (kvclient.h, "ABI") on kvc_attend_args, whose call ka already
+ * produced o_ref: a caller's larger struct with zeroed extra fields gives the same result, a
+ * non-zero unknown field or a struct_size below the first version's is refused, and so is an
+ * enum value outside KVC_DTYPE_*. */
+static void check_attend_versions(kvc_client *c, const kvc_attend_args *ka, const uint16_t *o_ref)
+{
+    uint16_t o[EM_Q_HEADS * EM_HEAD_DIM];
+    float lse[EM_Q_HEADS];
+    struct {
+        kvc_attend_args a;
+        uint64_t later[2]; /* fields of a later version of the header */
+    } grown;
+    REQUIRE(kvc_attend_args_init(&grown.a, sizeof(grown)) == KVC_OK, "%s", kvc_last_error());
+    REQUIRE(grown.a.struct_size == sizeof(grown) && grown.later[0] == 0 && grown.later[1] == 0,
+            "init of a larger struct: size %zu", grown.a.struct_size);
+    grown.a = *ka;
+    grown.a.struct_size = sizeof(grown);
+    grown.a.out = o;
+    grown.a.lse = lse;
+    REQUIRE(kvc_attend(c, KVC_TIER_L2, &grown.a, NULL, NULL) == KVC_OK, "grown struct: %s",
+            kvc_last_error());
+    REQUIRE(memcmp(o, o_ref, sizeof(o)) == 0, "a larger struct changed the output");
+    grown.later[1] = 1;
+    REQUIRE(kvc_attend(c, KVC_TIER_L2, &grown.a, NULL, NULL) == KVC_EINVAL,
+            "an unknown non-zero field was accepted");
+    kvc_attend_args bad = *ka;
+    bad.struct_size = sizeof(bad) - sizeof(void *);
+    REQUIRE(kvc_attend(c, KVC_TIER_L2, &bad, NULL, NULL) == KVC_EINVAL, "short struct_size");
+    bad = *ka;
+    bad.q_dtype = 7;
+    REQUIRE(kvc_attend(c, KVC_TIER_L2, &bad, NULL, NULL) == KVC_EINVAL, "q_dtype 7 accepted");
+    REQUIRE(strstr(kvc_last_error(), "KVC_DTYPE") != NULL, "message: %s", kvc_last_error());
+    kvc_layout lay = {.struct_size = 0};
+    REQUIRE(kvc_pool_layout(c, KVC_TIER_L2, &lay) == KVC_EINVAL, "layout of struct_size 0");
+
+    /* a plan needs a GPU; its shape is checked before that */
+    kvc_plan *pl = NULL;
+    REQUIRE(kvc_plan_create(c, 1, EM_Q_HEADS + 1, 1, &pl) == KVC_EINVAL && pl == NULL,
+            "a plan for %d query heads over %d KV heads", EM_Q_HEADS + 1, EM_KV_HEADS);
+    int rc = kvc_plan_create(c, 1, EM_Q_HEADS, 1, &pl);
+    REQUIRE(rc == KVC_OK || (rc == KVC_EUNAVAILABLE && pl == NULL), "plan: %d (%s)", rc,
+            kvc_last_error());
+    kvc_plan_destroy(pl);
 }
 
 /* Engine B: cached prefix (lease, L2) + own suffix, merged, against the full computation. */
@@ -170,10 +215,16 @@ static void engine_b(void)
                              TKVK_DTYPE_FP8_E4M3, TKVK_SCALE_PER_TENSOR) == TKVK_OK, "layout");
     REQUIRE(lay.block_stride == kvc_block_bytes(c), "block bytes %zu vs layout %zu",
             kvc_block_bytes(c), lay.block_stride);
-    tkvk_layout l2lay;
+    kvc_layout l2lay = {.struct_size = sizeof(l2lay)};
     REQUIRE(kvc_pool_layout(c, KVC_TIER_L2, &l2lay) == KVC_OK, "%s", kvc_last_error());
-    REQUIRE(l2lay.block_stride % 4096 == 0 && l2lay.layer_stride == lay.layer_stride,
-            "L2 layout stride %zu", l2lay.block_stride);
+    REQUIRE(l2lay.block_stride % 4096 == 0 && l2lay.block_stride >= lay.block_stride &&
+            l2lay.layer_stride == lay.layer_stride && l2lay.token_stride == lay.token_stride &&
+            l2lay.v_offset == lay.v_offset && l2lay.kscale_offset == lay.kscale_offset &&
+            l2lay.elem_bytes == lay.elem_bytes, "L2 layout strides differ from the kernels'");
+    REQUIRE(l2lay.num_layers == EM_LAYERS && l2lay.num_kv_heads == EM_KV_HEADS &&
+            l2lay.head_dim == EM_HEAD_DIM && l2lay.page_tokens == EM_PAGE &&
+            l2lay.kv_dtype == KVC_DTYPE_FP8_E4M3 && l2lay.scale_mode == KVC_SCALE_PER_TENSOR,
+            "L2 layout shape");
 
     const int pre = PREFIX_BLOCKS * EM_PAGE, suf = B_TOKENS - pre;
     const int full_blocks = (B_TOKENS + EM_PAGE - 1) / EM_PAGE;
@@ -226,10 +277,12 @@ static void engine_b(void)
         a.num_blocks = full_blocks;
         REQUIRE(tkvk_decode_cpu(&a) == TKVK_OK, "full decode: %s", tkvk_last_error());
 
-        em_decode(&a, NULL, layer, q, &len_pre, table, PREFIX_BLOCKS, o_a, lse_a);
-        rc = kvc_attend(c, KVC_TIER_L2, &a, NULL, NULL);
+        kvc_attend_args ka;
+        em_attend(&ka, layer, q, &len_pre, table, PREFIX_BLOCKS, o_a, lse_a);
+        rc = kvc_attend(c, KVC_TIER_L2, &ka, NULL, NULL);
         REQUIRE(rc == KVC_OK, "kvc_attend: %s", kvc_last_error());
-        REQUIRE(a.layout == NULL, "kvc_attend did not restore the caller's layout pointer");
+        if (layer == 0)
+            check_attend_versions(c, &ka, o_a);
         em_decode(&a, &lay, layer, q, &len_suf, table_suf, suf_blocks, o_b, lse_b);
         a.pool = suf_pool;
         a.num_blocks = suf_blocks;

@@ -190,8 +190,8 @@ static void prefill_l1(kvc_client *c, const dev_inputs *in, cudaStream_t st,
         em_qkv(tokens, n, layer, qkv);
         CUDA_CHECK(cudaMemcpyAsync(d_qkv, qkv, sizeof(uint16_t) * (size_t)n * EM_ROW,
                                    cudaMemcpyHostToDevice, st));
-        tkvk_prologue_params p;
-        em_prologue(&p, d_qkv, n, in->pos, in->cos_t, in->sin_t, layer, d_slots, d_q);
+        kvc_store_params p;
+        em_store(&p, d_qkv, n, in->pos, in->cos_t, in->sin_t, layer, d_slots, d_q);
         KVC_CHECK(kvc_store(c, KVC_TIER_L1, &p, st));
         CUDA_CHECK(cudaStreamSynchronize(st)); /* qkv is reused for the next layer */
     }
@@ -355,6 +355,11 @@ static void engine_b(void)
                                 TKVK_DTYPE_FP8_E4M3, TKVK_SCALE_PER_TENSOR));
     const size_t bb = lay.block_stride;
     REQUIRE(bb == kvc_block_bytes(c), "layout block %zu vs daemon %zu", bb, kvc_block_bytes(c));
+    kvc_layout l1lay = {.struct_size = sizeof(l1lay)};
+    KVC_CHECK(kvc_pool_layout(c, KVC_TIER_L1, &l1lay));
+    REQUIRE(l1lay.block_stride == bb && l1lay.layer_stride == lay.layer_stride &&
+            l1lay.v_offset == lay.v_offset, "L1 layout differs from the kernels' (stride %zu)",
+            l1lay.block_stride);
     const int pre = PREFIX_BLOCKS * EM_PAGE, suf = B_TOKENS - pre;
     const int full_blocks = (B_TOKENS + EM_PAGE - 1) / EM_PAGE, suf_blocks = (suf + EM_PAGE - 1) / EM_PAGE;
     const size_t qrow = (size_t)EM_Q_HEADS * EM_HEAD_DIM;
@@ -382,10 +387,13 @@ static void engine_b(void)
     uint16_t *qkv = malloc(sizeof(uint16_t) * B_TOKENS * EM_ROW);
     REQUIRE(qkv, "out of memory");
 
-    tkvk_decode_plan *plan_ref = NULL, *plan_pre = NULL, *plan_suf = NULL;
+    /* the reference and the suffix run the kernels directly; the cached prefix goes through
+     * libkvclient's own plan */
+    tkvk_decode_plan *plan_ref = NULL, *plan_suf = NULL;
+    kvc_plan *plan_pre = NULL;
     const int rows = (EM_Q_HEADS / EM_KV_HEADS) * 1;
     TKVK_CHECK(tkvk_decode_plan_create(&plan_ref, 1, EM_KV_HEADS, rows, EM_HEAD_DIM));
-    TKVK_CHECK(tkvk_decode_plan_create(&plan_pre, 1, EM_KV_HEADS, rows, EM_HEAD_DIM));
+    KVC_CHECK(kvc_plan_create(c, 1, EM_Q_HEADS, 1, &plan_pre));
     TKVK_CHECK(tkvk_decode_plan_create(&plan_suf, 1, EM_KV_HEADS, rows, EM_HEAD_DIM));
 
     double worst_o = 0, worst_lse = 0;
@@ -417,9 +425,10 @@ static void engine_b(void)
         TKVK_CHECK(tkvk_decode_attend_cuda(plan_ref, &a, st));
 
         double t0 = now_s();
-        em_decode(&a, NULL, layer, d_q, d_lens + 1, d_table, PREFIX_BLOCKS, d_o + qrow,
+        kvc_attend_args ka;
+        em_attend(&ka, layer, d_q, d_lens + 1, d_table, PREFIX_BLOCKS, d_o + qrow,
                   d_lse + EM_Q_HEADS);
-        KVC_CHECK(kvc_attend(c, KVC_TIER_L1, &a, plan_pre, st));
+        KVC_CHECK(kvc_attend(c, KVC_TIER_L1, &ka, plan_pre, st));
         em_decode(&a, &lay, layer, d_q, d_lens + 2, d_table_suf, suf_blocks, d_o + 2 * qrow,
                   d_lse + 2 * EM_Q_HEADS);
         a.pool = d_suf_pool;
@@ -498,7 +507,7 @@ static void engine_b(void)
     free(ref);
     free(qkv);
     tkvk_decode_plan_destroy(plan_ref);
-    tkvk_decode_plan_destroy(plan_pre);
+    kvc_plan_destroy(plan_pre);
     tkvk_decode_plan_destroy(plan_suf);
     void *bufs[] = {d_full_pool, d_suf_pool, d_slots, d_lens, d_table, d_table_full,
                     d_table_suf, d_qkv, d_q_full, d_q_suf, d_o, d_lse};
@@ -532,12 +541,12 @@ static void engine_c(void)
     uint16_t *d_q = dev_alloc(sizeof(uint16_t) * EM_Q_HEADS * EM_HEAD_DIM);
     uint16_t *d_o = dev_alloc(sizeof(uint16_t) * EM_Q_HEADS * EM_HEAD_DIM);
     float *d_lse = dev_alloc(sizeof(float) * EM_Q_HEADS);
-    tkvk_decode_plan *plan = NULL;
-    TKVK_CHECK(tkvk_decode_plan_create(&plan, 1, EM_KV_HEADS, EM_Q_HEADS / EM_KV_HEADS, EM_HEAD_DIM));
+    kvc_plan *plan = NULL;
+    KVC_CHECK(kvc_plan_create(c, 1, EM_Q_HEADS, 1, &plan));
     for (long step = 0;; step++) {
         for (int layer = 0; layer < EM_LAYERS; layer++) {
-            tkvk_decode_args a;
-            em_decode(&a, NULL, layer, d_q, d_len, d_table, nb, d_o, d_lse);
+            kvc_attend_args a;
+            em_attend(&a, layer, d_q, d_len, d_table, nb, d_o, d_lse);
             KVC_CHECK(kvc_attend(c, KVC_TIER_L1, &a, plan, st));
         }
         if (step == 0) {
