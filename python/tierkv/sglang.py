@@ -14,8 +14,10 @@ host pool's page layouts (SGLang's flat data page differs per layout) never mix.
 
 Payloads are SGLang's host pages as SGLang lays them out (its flat data page: K and V of every
 layer), stored opaque: a block's bytes must equal one page (the daemon's block_bytes, its
-geometry set to the model's layers, kv heads per rank, head_dim and page size). Failures
-raise (batch_get_v1/batch_set_v1 never return None); a page that could not be read is a miss.
+geometry set to the model's layers, kv heads per rank, head_dim and page size). A daemon
+failure is a miss (batch_exists 0, get None, batch_get_v1 False for the pages not read: SGLang
+recomputes them); batch_get_v1/batch_set_v1 never return None, and raise on misuse (no host
+pool registered, a page size or layout that does not match).
 """
 import hashlib
 import logging
@@ -78,8 +80,13 @@ class TierKVStore(HiCacheStorage):
     def batch_exists(self, keys, extra_info=None):
         chain, first = self._chain(keys, extra_info)
         self.stats["exists"] += 1
-        with self.client.lookup(self._tokens(chain)) as lease:
-            hit = max(0, lease.num_blocks - first)
+        try:
+            with self.client.lookup(self._tokens(chain)) as lease:
+                hit = max(0, lease.num_blocks - first)
+        except TierKVError as e:  # a miss: SGLang recomputes
+            self.stats["errors"] += 1
+            log.warning("tierkv: lookup failed, a miss: %s", e)
+            return 0
         self.stats["hit_pages"] += hit
         return hit
 
@@ -105,7 +112,12 @@ class TierKVStore(HiCacheStorage):
 
     def get(self, key, target_location=None, target_sizes=None):
         buf = torch.empty(1, self.block_bytes, dtype=torch.uint8)
-        if self._get_pages([key], None, buf) != 1:
+        try:
+            if self._get_pages([key], None, buf) != 1:
+                return None
+        except TierKVError as e:
+            self.stats["errors"] += 1
+            log.warning("tierkv: get failed, a miss: %s", e)
             return None
         if target_location is not None:
             self._check_page(target_location)

@@ -57,7 +57,8 @@ class _Load:
 class _Save:
     req_id: str
     tokens: list         # the prompt's full blocks
-    block_ids: list      # vLLM block ids of chain blocks 0..
+    block_ids: list      # vLLM block ids of chain blocks first_block..
+    first_block: int = 0
 
 
 @dataclass
@@ -74,7 +75,12 @@ def _geometry(vllm_config, extra, block_size):
     heads = extra.get("num_kv_heads") or mc.get_num_kv_heads(vllm_config.parallel_config)
     head_dim = extra.get("head_dim") or mc.get_head_size()
     model_id = extra.get("model_id") or (mc.model if mc is not None else "")
-    tp = vllm_config.parallel_config.rank if vllm_config.parallel_config else 0
+    tp = 0
+    try:  # a worker's TP rank; the scheduler (one process for all ranks) counts rank 0's blocks
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+        tp = get_tensor_model_parallel_rank()
+    except Exception:  # noqa: BLE001 - not initialised: the scheduler process, or tests
+        tp = 0
     return Geometry(int(layers), int(heads), int(head_dim), int(block_size),
                     extra.get("kv_dtype", "bf16"), extra.get("scale_mode", "per_tensor"),
                     f"{model_id}/tp{tp}")
@@ -101,6 +107,7 @@ class TierKVConnector(KVConnectorBase_V1):
         self._loads = {}      # req_id -> _Load
         self._reqs = {}       # req_id -> [Request, block ids] for planning saves
         self._saved = set()
+        self._hit = {}        # req_id -> blocks already in tierkv (matched), not saved again
         # worker state
         self._kv = None       # [(name, tensor)]
         self._backend = None
@@ -156,6 +163,7 @@ class TierKVConnector(KVConnectorBase_V1):
         # blocks holds all the request's blocks (vLLM's get_blocks): local prefix hits first
         toks = list(request.prompt_token_ids)[:(first + n) * self._block]
         self._loads[rid] = _Load(rid, toks, ids[first:first + n], first)
+        self._hit[rid] = first + n
 
     def build_connector_meta(self, scheduler_output):
         meta = TierKVMetadata(loads=list(self._loads.values()))
@@ -184,13 +192,14 @@ class TierKVConnector(KVConnectorBase_V1):
             return
         n = len(prompt) // self._block
         ids = self._reqs[rid][1]
-        if n and len(ids) >= n:
-            meta.saves.append(_Save(rid, list(prompt[:n * self._block]), ids[:n]))
+        first = self._hit.get(rid, 0)
+        if n > first and len(ids) >= n:
+            meta.saves.append(_Save(rid, list(prompt[:n * self._block]), ids[first:n], first))
         self._saved.add(rid)
 
     def request_finished(self, request, block_ids):
         rid = request.request_id
-        for d in (self._computed, self._loads, self._reqs):
+        for d in (self._computed, self._loads, self._reqs, self._hit):
             d.pop(rid, None)
         self._saved.discard(rid)
         return False, None
@@ -291,7 +300,7 @@ class TierKVConnector(KVConnectorBase_V1):
             keys, values = zip(*(self._read(t, sv.block_ids) for _, t in self._kv))
             payload = self._codec.encode(list(keys), list(values))
             try:
-                c.put(sv.tokens, 0, payload)
+                c.put(sv.tokens, sv.first_block, payload)
             except TierKVError as e:
                 self._drop(e)
                 return

@@ -3,7 +3,7 @@ StorageBackendFactory ("dynamic" backend, module_path/class_name) from SGLang's
 HiCacheStorageConfig, against a real tierkvd: keys are SGLang-style sha256 hex chains;
 batch_exists counts consecutive hits from the start (with prefix_keys), set/get round-trip
 pages bit-exact, ranks are isolated, a wrong page size is refused, a daemon that goes down
-raises (never a silent None from a batch call). Then SGLang's HiCache path: its own
+gives misses (never None from a batch call, nothing written). Then SGLang's HiCache path: its own
 MHATokenToKVPool (on the CPU) and MHATokenToKVPoolHost (page_first and layer_first layouts),
 pages written by batch_set_v1 from the host pool and read back by batch_get_v1 into other
 host pages of another pool: bit-exact; a miss reports False for the pages not found.
@@ -72,13 +72,15 @@ def run():
         print(f"  ok  wrong page size refused: {e}")
     print(f"  ok  stats {b.get_stats()}")
     host_pool_path(d, keys)
+    pool = host_pools("page_first")
+    b.register_mem_pool_host(pool)
+    idx = pool.alloc(2 * P)
     d.stop()
-    import tierkv
-    try:
-        b.batch_exists(keys)
-        check(False, "exists answered with the daemon down")
-    except tierkv.TierKVError as e:
-        print(f"  ok  daemon down raises: {type(e).__name__}")
+    check(b.batch_exists(keys) == 0 and b.get(keys[0]) is None, "daemon down: not a miss")
+    check(b.batch_get_v1(keys[:2], idx) == [False, False], "daemon down: batch_get_v1")
+    check(not pool.kv_buffer.any(), "daemon down: something was written")
+    check(b.batch_set_v1(keys[:2], idx) == [False, False], "daemon down: batch_set_v1")
+    print(f"  ok  daemon down: misses, nothing written ({b.get_stats()['errors']} errors counted)")
 
 
 def host_pools(layout):

@@ -121,6 +121,7 @@ def round_trip(d, backend, toks):
     sb.update_state_after_alloc(rb, blocks(ids_b), n)
     meta, errs = step(sb, wb, sched_output(rb, ids_b, n, PROMPT - n))
     check(len(meta.loads) == 1 and not errs, f"load errors {errs}")
+    check(not meta.saves, "blocks loaded from tierkv are saved again")
     for name in kva:
         check(torch.equal(kva[name][ids_a[:7]], kvb[name][ids_b[:7]]),
               f"{name}: loaded blocks differ from the saved ones")
