@@ -1,8 +1,10 @@
 /* rpc_bench.c - the service's request/response costs, each against a ceiling measured in
  * the same run on the same machine:
  *
- *   lookup round trip (p50, p99) and lookups/s over the UNIX socket
- *       vs redis-benchmark GET on a local redis-server (UNIX socket, same client counts)
+ *   lookup round trip (p50, p99) and lookups/s on the fast path (attached clients: the attach
+ *       connection) and on gRPC (the UNIX socket), and blocks/s looked up in batches
+ *       (kvc_lookup_batch, 64 prompts per call) on both
+ *       vs redis-benchmark GET on a local redis-server (TCP on 127.0.0.1, same client counts)
  *   get bandwidth through the mapped L2 pool (and by value, for reference)
  *       vs plain memcpy of the same bytes
  *
@@ -23,15 +25,25 @@
 #define LOOKUP_BLOCKS 16    /* a 1024-token prompt at 64 tokens per block */
 #define GET_BLOCKS 256      /* 32 MiB of 128 KiB blocks */
 
+#define BATCH_PROMPTS 64    /* prompts per kvc_lookup_batch */
+
 typedef struct bench {
     double seconds;
     int threads;
     kvc_client *c;          /* attached */
     kvc_client *cv;         /* by value */
+    kvc_client *tc[256];    /* one client per thread (attached or not, per measurement) */
     uint32_t *tokens;       /* LOOKUP_BLOCKS blocks */
-    atomic_ulong lookups;
+    int batch;              /* threads call kvc_lookup_batch */
+    atomic_ulong lookups;   /* prompts looked up */
     atomic_int stop;
+    atomic_int failed;
 } bench;
+
+typedef struct path_result {
+    double p50_us, p99_us, lookups_s, batch_p50_us, batch_blocks_s, daemon_p50_us;
+    double p50_1_us, p99_1_us; /* a 1-block prompt: one key to derive, like a GET's one key */
+} path_result;
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -45,11 +57,11 @@ typedef struct redis_result {
     double rps, p50_us, p99_us;
 } redis_result;
 
-static int redis_bench(const char *sock, int clients, int n, redis_result *r)
+static int redis_bench(int port, int clients, int n, redis_result *r)
 {
     char cmd[512];
-    snprintf(cmd, sizeof(cmd), "redis-benchmark -s %s -t get -n %d -c %d --csv 2>/dev/null", sock,
-             n, clients);
+    snprintf(cmd, sizeof(cmd), "redis-benchmark -h 127.0.0.1 -p %d -t get -n %d -c %d --csv "
+             "2>/dev/null", port, n, clients);
     FILE *p = popen(cmd, "r");
     if (!p)
         return -1;
@@ -69,9 +81,11 @@ static int redis_bench(const char *sock, int clients, int n, redis_result *r)
     return (ok == 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0) ? 0 : -1;
 }
 
-static pid_t redis_start(const char *dir, char *sock, size_t cap)
+static pid_t redis_start(const char *dir, int port)
 {
-    snprintf(sock, cap, "%s/redis.sock", dir);
+    char sock[256], port_s[16];
+    snprintf(sock, sizeof(sock), "%s/redis.started", dir);
+    snprintf(port_s, sizeof(port_s), "%d", port);
     pid_t pid = fork();
     if (pid == 0) {
         int fd = open("/dev/null", O_WRONLY);
@@ -79,43 +93,177 @@ static pid_t redis_start(const char *dir, char *sock, size_t cap)
             dup2(fd, STDOUT_FILENO);
             dup2(fd, STDERR_FILENO);
         }
-        execlp("redis-server", "redis-server", "--port", "0", "--unixsocket", sock, "--save", "",
-               "--appendonly", "no", "--dir", dir, (char *)NULL);
+        execlp("redis-server", "redis-server", "--bind", "127.0.0.1", "--port", port_s, "--save",
+               "", "--appendonly", "no", "--dir", dir, (char *)NULL);
         _exit(127);
     }
+    /* ready when it answers; the key redis-benchmark GETs, so every GET finds a value */
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "redis-cli -h 127.0.0.1 -p %d set key:__rand_int__ xxx "
+             ">/dev/null 2>&1", port);
     double deadline = tkvt_now() + 10;
-    while (tkvt_now() < deadline && access(sock, F_OK) != 0)
-        tkvt_sleep_ms(20);
-    if (access(sock, F_OK) != 0) {
+    while (tkvt_now() < deadline && system(cmd) != 0)
+        tkvt_sleep_ms(50);
+    if (tkvt_now() >= deadline) {
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
         return -1;
     }
-    /* the key redis-benchmark GETs, so every GET finds a value */
-    char cmd[512];
-    snprintf(cmd, sizeof(cmd), "redis-cli -s %s set key:__rand_int__ xxx >/dev/null", sock);
-    if (system(cmd) != 0)
-        fprintf(stderr, "rpc_bench: could not preload redis\n");
     return pid;
 }
 
 /* ---- tierkv ----------------------------------------------------------------------------- */
 
+typedef struct thread_arg {
+    bench *b;
+    kvc_client *c;
+} thread_arg;
+
+/* One lookup of a LOOKUP_BLOCKS-block prompt (or a batch of BATCH_PROMPTS of them) and the
+ * release of its leases; returns the prompts looked up, 0 on failure. */
+static int lookup_once(bench *b, kvc_client *c, int batch)
+{
+    size_t n_tok = (size_t)LOOKUP_BLOCKS * kvc_block_tokens(c);
+    kvc_lease *ls[BATCH_PROMPTS];
+    const uint32_t *toks[BATCH_PROMPTS];
+    size_t ns[BATCH_PROMPTS];
+    int n = batch ? BATCH_PROMPTS : 1;
+    for (int i = 0; i < n; i++) {
+        toks[i] = b->tokens;
+        ns[i] = n_tok;
+    }
+    int r = batch ? kvc_lookup_batch(c, toks, ns, (size_t)n, 0, ls)
+                  : kvc_lookup(c, b->tokens, n_tok, 0, &ls[0]);
+    if (r != KVC_OK) {
+        fprintf(stderr, "rpc_bench: lookup: %s\n", kvc_last_error());
+        return 0;
+    }
+    int ok = 1;
+    for (int i = 0; i < n; i++) {
+        ok = ok && kvc_lease_num_blocks(ls[i]) == LOOKUP_BLOCKS;
+        kvc_release(c, ls[i]);
+    }
+    return ok ? n : 0;
+}
+
 static void *lookup_loop(void *arg)
 {
-    bench *b = arg;
+    thread_arg *ta = arg;
+    bench *b = ta->b;
     unsigned long n = 0;
     while (!atomic_load(&b->stop)) {
-        kvc_lease *l;
-        if (kvc_lookup(b->c, b->tokens, LOOKUP_BLOCKS * kvc_block_tokens(b->c), 0, &l) != KVC_OK) {
-            fprintf(stderr, "rpc_bench: lookup: %s\n", kvc_last_error());
+        int got = lookup_once(b, ta->c, b->batch);
+        if (!got) {
+            atomic_store(&b->failed, 1);
             break;
         }
-        kvc_release(b->c, l);
-        n++;
+        n += (unsigned long)got;
     }
     atomic_fetch_add(&b->lookups, n);
     return NULL;
+}
+
+/* Round trip of one call at a time on c (p50, p99 in us), n calls after 200 of warm-up. */
+static int round_trip(bench *b, kvc_client *c, int batch, int n, double *p50, double *p99)
+{
+    double *lat = malloc((size_t)n * sizeof(double));
+    for (int i = 0; i < n + 200; i++) {
+        double t0 = tkvt_now();
+        int got = lookup_once(b, c, batch);
+        double t1 = tkvt_now();
+        if (!got) {
+            free(lat);
+            return -1;
+        }
+        if (i >= 200)
+            lat[i - 200] = (t1 - t0) * 1e6;
+    }
+    qsort(lat, (size_t)n, sizeof(double), cmp_double);
+    *p50 = lat[n / 2];
+    *p99 = lat[(int)(n * 0.99)];
+    free(lat);
+    return 0;
+}
+
+/* Prompts looked up per second by b->threads threads, each with its own client. */
+static double throughput(bench *b, int batch)
+{
+    pthread_t th[256];
+    thread_arg ta[256];
+    atomic_store(&b->stop, 0);
+    atomic_store(&b->lookups, 0);
+    b->batch = batch;
+    double t0 = tkvt_now();
+    for (int i = 0; i < b->threads; i++) {
+        ta[i] = (thread_arg){b, b->tc[i]};
+        pthread_create(&th[i], NULL, lookup_loop, &ta[i]);
+    }
+    tkvt_sleep_ms((int)(b->seconds * 1000));
+    atomic_store(&b->stop, 1);
+    for (int i = 0; i < b->threads; i++)
+        pthread_join(th[i], NULL);
+    return atomic_load(&b->lookups) / (tkvt_now() - t0);
+}
+
+/* Round trip of kvc_lookup alone (p50, p99 in us) for a prompt of num_blocks blocks that
+ * hits, 20,000 calls after 200 of warm-up; each lease is released outside the timing. */
+static int lookup_latency(bench *b, kvc_client *c, uint32_t num_blocks, double *p50, double *p99)
+{
+    size_t n_tok = (size_t)num_blocks * kvc_block_tokens(c);
+    double *lat = malloc(20000 * sizeof(double));
+    for (int i = 0; i < 20200; i++) {
+        kvc_lease *l;
+        double t0 = tkvt_now();
+        int x = kvc_lookup(c, b->tokens, n_tok, 0, &l);
+        double t1 = tkvt_now();
+        if (x != KVC_OK || kvc_lease_num_blocks(l) != num_blocks) {
+            fprintf(stderr, "rpc_bench: lookup: %s\n", kvc_last_error());
+            free(lat);
+            return -1;
+        }
+        kvc_release(c, l);
+        if (i >= 200)
+            lat[i - 200] = (t1 - t0) * 1e6;
+    }
+    qsort(lat, 20000, sizeof(double), cmp_double);
+    *p50 = lat[10000];
+    *p99 = lat[19800];
+    free(lat);
+    return 0;
+}
+
+/* Everything for one path: clients attached (fast path) or not (gRPC). The single-lookup
+ * round trip times kvc_lookup alone; the release that follows is outside the timing. */
+static int measure_path(bench *b, const tkvt_daemon *d, int attached, path_result *r)
+{
+    kvc_opts *o = kvc_opts_new();
+    kvc_opts_set_socket(o, d->sock);
+    if (attached)
+        kvc_opts_set_attach_socket(o, d->attach);
+    int rc = -1, made = 0;
+    for (; made < b->threads; made++)
+        if (kvc_connect(o, &b->tc[made]) != KVC_OK) {
+            fprintf(stderr, "rpc_bench: connect: %s\n", kvc_last_error());
+            goto out;
+        }
+    kvc_client *c = b->tc[0];
+    if (lookup_latency(b, c, LOOKUP_BLOCKS, &r->p50_us, &r->p99_us) != 0 ||
+        lookup_latency(b, c, 1, &r->p50_1_us, &r->p99_1_us) != 0)
+        goto out;
+    kvc_stats st;
+    if (kvc_stats_get(c, &st) == KVC_OK)
+        r->daemon_p50_us = st.lookup_p50_us; /* the handler's own time, transport excluded */
+    double bp99;
+    if (round_trip(b, c, 1, 500, &r->batch_p50_us, &bp99) != 0)
+        goto out;
+    r->lookups_s = throughput(b, 0);
+    r->batch_blocks_s = throughput(b, 1) * LOOKUP_BLOCKS;
+    rc = atomic_load(&b->failed) ? -1 : 0;
+out:
+    for (int i = 0; i < made; i++)
+        kvc_close(b->tc[i]);
+    kvc_opts_free(o);
+    return rc;
 }
 
 static double gbps(double bytes, double s) { return bytes / s / 1e9; }
@@ -150,8 +298,8 @@ int main(int argc, char **argv)
                            "1024", "--max-blocks-per-rpc", "64", NULL};
     if (tkvt_daemon_start(&d, extra) != 0)
         return 1;
-    char redis_sock[128];
-    pid_t redis = redis_start(d.dir, redis_sock, sizeof(redis_sock));
+    int redis_port = 20000 + (int)(getpid() % 20000);
+    pid_t redis = redis_start(d.dir, redis_port);
     int rc = 1;
     bench b;
     memset(&b, 0, sizeof(b));
@@ -189,37 +337,10 @@ int main(int argc, char **argv)
         goto out;
     }
 
-    /* 1. lookup round trip, one client, one call at a time */
-    int n_lat = 20000;
-    double *lat = malloc(n_lat * sizeof(double));
-    for (int i = 0; i < n_lat + 500; i++) {
-        kvc_lease *l;
-        double t0 = tkvt_now();
-        int r = kvc_lookup(b.c, tokens, (size_t)LOOKUP_BLOCKS * P, 0, &l);
-        double t1 = tkvt_now();
-        if (r != KVC_OK || kvc_lease_num_blocks(l) != LOOKUP_BLOCKS) {
-            fprintf(stderr, "rpc_bench: lookup: %s\n", kvc_last_error());
-            free(lat);
-            goto out;
-        }
-        kvc_release(b.c, l);
-        if (i >= 500) /* the first 500 warm the connection */
-            lat[i - 500] = (t1 - t0) * 1e6;
-    }
-    qsort(lat, n_lat, sizeof(double), cmp_double);
-    double p50 = lat[n_lat / 2], p99 = lat[(int)(n_lat * 0.99)];
-    free(lat);
-
-    /* 2. lookups per second, `threads` threads sharing one client */
-    pthread_t th[256];
-    double t0 = tkvt_now();
-    for (int i = 0; i < threads; i++)
-        pthread_create(&th[i], NULL, lookup_loop, &b);
-    tkvt_sleep_ms((int)(seconds * 1000));
-    atomic_store(&b.stop, 1);
-    for (int i = 0; i < threads; i++)
-        pthread_join(th[i], NULL);
-    double lookups_s = atomic_load(&b.lookups) / (tkvt_now() - t0);
+    /* 1-2. lookups on the fast path and on gRPC: round trips, lookups/s, batched blocks/s */
+    path_result fast = {0}, grpc = {0};
+    if (measure_path(&b, &d, 1, &fast) != 0 || measure_path(&b, &d, 0, &grpc) != 0)
+        goto out;
 
     /* 3. get bandwidth: mapped pool, by value, and memcpy of the same bytes */
     kvc_lease *l;
@@ -273,33 +394,51 @@ int main(int argc, char **argv)
     kvc_release(b.cv, lv);
     double mapped_gbps = best_mapped, value_gbps = best_value, memcpy_gbps = best_memcpy;
 
-    /* 4. the ceiling: redis GET over a UNIX socket, 1 client (latency) and N (throughput) */
+    /* 4. the ceiling: redis GET over TCP on 127.0.0.1, 1 client (latency) and N (throughput) */
     redis_result r1 = {0, 0, 0}, rn = {0, 0, 0};
-    int have_redis = redis > 0 && redis_bench(redis_sock, 1, 50000, &r1) == 0 &&
-                     redis_bench(redis_sock, threads, 200000, &rn) == 0;
+    int have_redis = redis > 0 && redis_bench(redis_port, 1, 50000, &r1) == 0 &&
+                     redis_bench(redis_port, threads, 200000, &rn) == 0;
     if (!have_redis)
         fprintf(stderr, "rpc_bench: redis-server/redis-benchmark did not run; no ceiling\n");
 
     if (json) {
-        printf("{\"lookup_blocks\":%d,\"block_bytes\":%zu,\"threads\":%d,\"lookup_p50_us\":%.1f,"
-               "\"lookup_p99_us\":%.1f,\"lookups_per_s\":%.0f,\"redis_get_p50_us\":%.1f,"
-               "\"redis_get_p99_us\":%.1f,\"redis_gets_per_s\":%.0f,\"redis_gets_per_s_1client\":%.0f,"
-               "\"get_mapped_gbps\":%.2f,\"get_value_gbps\":%.2f,\"memcpy_gbps\":%.2f,"
-               "\"mapped_blocks\":%u,\"get_bytes\":%zu,\"bit_exact\":%s}\n",
-               LOOKUP_BLOCKS, bb, threads, p50, p99, lookups_s, r1.p50_us, r1.p99_us, rn.rps,
-               r1.rps, mapped_gbps, value_gbps, memcpy_gbps, mapped, nbytes,
-               exact ? "true" : "false");
+        printf("{\"lookup_blocks\":%d,\"batch_prompts\":%d,\"block_bytes\":%zu,\"threads\":%d,"
+               "\"daemon_lookup_p50_us\":%.1f,", LOOKUP_BLOCKS, BATCH_PROMPTS, bb, threads,
+               fast.daemon_p50_us);
+        const char *names[2] = {"fast", "grpc"};
+        const path_result *paths[2] = {&fast, &grpc};
+        for (int i = 0; i < 2; i++)
+            printf("\"%s\":{\"lookup_p50_us\":%.1f,\"lookup_p99_us\":%.1f,\"lookup1_p50_us\":%.1f,"
+                   "\"lookup1_p99_us\":%.1f,\"lookups_per_s\":%.0f,\"batch_p50_us\":%.1f,"
+                   "\"batch_blocks_per_s\":%.0f},", names[i], paths[i]->p50_us, paths[i]->p99_us,
+                   paths[i]->p50_1_us, paths[i]->p99_1_us, paths[i]->lookups_s,
+                   paths[i]->batch_p50_us, paths[i]->batch_blocks_s);
+        printf("\"redis_get_p50_us\":%.1f,\"redis_get_p99_us\":%.1f,\"redis_gets_per_s\":%.0f,"
+               "\"redis_gets_per_s_1client\":%.0f,\"fast_p50_over_redis_p50\":%.2f,"
+               "\"fast_lookup1_p50_over_redis_p50\":%.2f,\"get_mapped_gbps\":%.2f,"
+               "\"get_value_gbps\":%.2f,\"memcpy_gbps\":%.2f,\"mapped_blocks\":%u,"
+               "\"get_bytes\":%zu,\"bit_exact\":%s}\n",
+               r1.p50_us, r1.p99_us, rn.rps, r1.rps, r1.p50_us > 0 ? fast.p50_us / r1.p50_us : 0,
+               r1.p50_us > 0 ? fast.p50_1_us / r1.p50_us : 0, mapped_gbps, value_gbps, memcpy_gbps,
+               mapped, nbytes, exact ? "true" : "false");
     } else {
-        printf("rpc_bench: tierkvd over a UNIX socket vs redis-server GET (same machine)\n");
-        printf("%-38s %12s %12s\n", "", "tierkv", "redis GET");
-        printf("%-38s %12.1f %12.1f\n", "round trip p50 (us), 1 client", p50, r1.p50_us);
-        printf("%-38s %12.1f %12.1f\n", "round trip p99 (us), 1 client", p99, r1.p99_us);
-        printf("%-38s %12.0f %12.0f\n", "requests/s, threads/clients", lookups_s, rn.rps);
-        printf("(lookup of a %d-block prompt + its release per iteration; %d threads)\n",
-               LOOKUP_BLOCKS, threads);
-        printf("%-38s %12.2f\n", "get through the mapped pool (GB/s)", mapped_gbps);
-        printf("%-38s %12.2f\n", "get by value over gRPC (GB/s)", value_gbps);
-        printf("%-38s %12.2f\n", "memcpy of the same bytes (GB/s)", memcpy_gbps);
+        printf("rpc_bench: tierkvd lookups (fast path, gRPC) vs redis-server GET (same machine)\n");
+        printf("%-40s %11s %11s %11s\n", "", "fast path", "gRPC", "redis GET");
+        printf("%-40s %11.1f %11.1f %11.1f\n", "round trip p50 (us), 1 client", fast.p50_us,
+               grpc.p50_us, r1.p50_us);
+        printf("%-40s %11.1f %11.1f %11.1f\n", "round trip p99 (us), 1 client", fast.p99_us,
+               grpc.p99_us, r1.p99_us);
+        printf("%-40s %11.1f %11.1f %11.1f\n", "1-block lookup p50 (us), 1 client", fast.p50_1_us,
+               grpc.p50_1_us, r1.p50_us);
+        printf("%-40s %11.0f %11.0f %11.0f\n", "lookups/s (GETs/s), threads/clients",
+               fast.lookups_s, grpc.lookups_s, rn.rps);
+        printf("%-40s %11.0f %11.0f\n", "blocks/s looked up in batches", fast.batch_blocks_s,
+               grpc.batch_blocks_s);
+        printf("(a %d-block prompt per lookup, released after it; batches of %d prompts; %d "
+               "threads, one client each)\n", LOOKUP_BLOCKS, BATCH_PROMPTS, threads);
+        printf("%-40s %11.2f\n", "get through the mapped pool (GB/s)", mapped_gbps);
+        printf("%-40s %11.2f\n", "get by value over gRPC (GB/s)", value_gbps);
+        printf("%-40s %11.2f\n", "memcpy of the same bytes (GB/s)", memcpy_gbps);
         printf("mapped get = %.0f%% of memcpy; %u of %d blocks mapped; %zu bytes per get; "
                "bit-exact %s\n",
                100 * mapped_gbps / memcpy_gbps, mapped, GET_BLOCKS, nbytes, exact ? "yes" : "NO");

@@ -9,8 +9,10 @@
 #include "kvclient.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +32,7 @@
 
 #include "tierkv.pb-c.h"
 #include "tkv_attach.h"
+#include "tkv_fast.h"
 #include "tkv_base.h"
 #include "tkv_keys.h"
 #include "tkv_kernels.h"
@@ -139,51 +142,43 @@ void kvc_opts_free(kvc_opts *o)
     free(o);
 }
 
-static int set_str(char **dst, const char *v, size_t max, const char *what, bool allow_null)
+/* The string options: which field, its longest value, whether NULL (unset) is allowed. */
+#define kSunPathMax (sizeof(((struct sockaddr_un *)0)->sun_path) - 1) /* 108 with the NUL */
+enum { OPT_SOCKET, OPT_TARGET, OPT_ATTACH, OPT_NS };
+static const struct {
+    size_t offset, max;
+    const char *what;
+    bool allow_null;
+} kStrOpts[] = {
+    [OPT_SOCKET] = {offsetof(kvc_opts, socket), kSunPathMax, "socket path", false},
+    [OPT_TARGET] = {offsetof(kvc_opts, target), 1024, "target", false},
+    [OPT_ATTACH] = {offsetof(kvc_opts, attach), kSunPathMax, "attach socket path", true},
+    [OPT_NS] = {offsetof(kvc_opts, ns), KVC_NS_MAX, "namespace", false},
+};
+
+static int set_str(kvc_opts *o, int which, const char *v)
 {
+    if (!o)
+        return fail(KVC_EINVAL, "options are NULL");
+    const char *what = kStrOpts[which].what;
+    size_t max = kStrOpts[which].max;
+    bool allow_null = kStrOpts[which].allow_null;
     if (!v && !allow_null)
         return fail(KVC_EINVAL, "%s must not be NULL", what);
     if (v && strlen(v) > max)
         return fail(KVC_EINVAL, "%s longer than %zu bytes", what, max);
-    if (v && !allow_null && v[0] == '\0' && max != KVC_NS_MAX)
+    if (v && v[0] == '\0' && which != OPT_NS)
         return fail(KVC_EINVAL, "%s must not be empty", what);
+    char **dst = (char **)((char *)o + kStrOpts[which].offset);
     free(*dst);
     *dst = v ? tkv_xstrdup(v) : NULL;
     return KVC_OK;
 }
 
-int kvc_opts_set_socket(kvc_opts *o, const char *path)
-{
-    if (!o)
-        return fail(KVC_EINVAL, "options are NULL");
-    /* sun_path holds 108 bytes including the NUL */
-    return set_str(&o->socket, path, sizeof(((struct sockaddr_un *)0)->sun_path) - 1,
-                   "socket path", false);
-}
-
-int kvc_opts_set_target(kvc_opts *o, const char *target)
-{
-    if (!o)
-        return fail(KVC_EINVAL, "options are NULL");
-    return set_str(&o->target, target, 1024, "target", false);
-}
-
-int kvc_opts_set_attach_socket(kvc_opts *o, const char *path)
-{
-    if (!o)
-        return fail(KVC_EINVAL, "options are NULL");
-    if (path && path[0] == '\0')
-        return fail(KVC_EINVAL, "attach socket path must not be empty");
-    return set_str(&o->attach, path, sizeof(((struct sockaddr_un *)0)->sun_path) - 1,
-                   "attach socket path", true);
-}
-
-int kvc_opts_set_namespace(kvc_opts *o, const char *ns)
-{
-    if (!o)
-        return fail(KVC_EINVAL, "options are NULL");
-    return set_str(&o->ns, ns, KVC_NS_MAX, "namespace", false);
-}
+int kvc_opts_set_socket(kvc_opts *o, const char *path) { return set_str(o, OPT_SOCKET, path); }
+int kvc_opts_set_target(kvc_opts *o, const char *target) { return set_str(o, OPT_TARGET, target); }
+int kvc_opts_set_attach_socket(kvc_opts *o, const char *path) { return set_str(o, OPT_ATTACH, path); }
+int kvc_opts_set_namespace(kvc_opts *o, const char *ns) { return set_str(o, OPT_NS, ns); }
 
 int kvc_opts_set_geometry(kvc_opts *o, uint32_t num_layers, uint32_t num_kv_heads,
                           uint32_t head_dim, uint32_t block_tokens, const char *kv_dtype,
@@ -274,8 +269,14 @@ struct kvc_client {
     uint32_t timeout_ms;
     uint32_t lease_ttl_ms;
     uint32_t blocks_per_msg;     /* payloads per Put/Get message */
+    Tierkv__V1__BlockScope scope; /* every request's scope (namespace, fingerprint, id) */
     /* attach (data plane) */
     int attach_fd;               /* -1 when not attached */
+    bool fast;                   /* the daemon serves calls on attach_fd (the fast path) */
+    pthread_mutex_t fast_mu;     /* one call at a time on attach_fd; held by that call */
+    uint8_t *fast_buf;           /* reply buffer of the fast path (under fast_mu) */
+    size_t fast_cap;
+    uint32_t fast_wait_ms;       /* attach_fd's receive timeout now (0 = none) */
     uint64_t client_id;
     const uint8_t *pool;         /* PROT_READ mapping of the L2 pool, or NULL */
     uint64_t pool_bytes;
@@ -372,10 +373,36 @@ static int call_status(const char *method, grpc_status_code st, grpc_slice detai
     return fail(code, "%s: grpc status %d: %s", method, (int)st, msg[0] ? msg : "(no message)");
 }
 
-/* One unary call: req -> *resp (unpacked with d; the caller frees it with
- * protobuf_c_message_free_unpacked). timeout_ms 0 = no deadline. */
-static int unary(kvc_client *c, const char *method, const ProtobufCMessage *req,
-                 const ProtobufCMessageDescriptor *d, ProtobufCMessage **resp, uint32_t timeout_ms)
+/* The four ops that open a call from this side: metadata, the one request message, the
+ * half-close, and receiving the daemon's initial metadata. */
+static void request_ops(grpc_op ops[4], grpc_byte_buffer *send, grpc_metadata_array *initial_md)
+{
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = send;
+    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = initial_md;
+}
+
+/* Frees what a call from this side used, once it is over. */
+static void call_end(grpc_completion_queue *cq, grpc_call *call, grpc_byte_buffer *send,
+                     grpc_slice details, grpc_metadata_array *initial_md,
+                     grpc_metadata_array *trailing_md)
+{
+    grpc_byte_buffer_destroy(send);
+    grpc_slice_unref(details);
+    grpc_metadata_array_destroy(initial_md);
+    grpc_metadata_array_destroy(trailing_md);
+    grpc_call_unref(call);
+    grpc_completion_queue_shutdown(cq);
+    grpc_completion_queue_destroy(cq);
+}
+
+/* A unary call on the gRPC channel (see unary). */
+static int grpc_unary(kvc_client *c, const char *method, const ProtobufCMessage *req,
+                      const ProtobufCMessageDescriptor *d, ProtobufCMessage **resp,
+                      uint32_t timeout_ms)
 {
     int rc = KVC_OK;
     *resp = NULL;
@@ -393,12 +420,7 @@ static int unary(kvc_client *c, const char *method, const ProtobufCMessage *req,
 
     grpc_op ops[6];
     memset(ops, 0, sizeof(ops));
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = send;
-    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &initial_md;
+    request_ops(ops, send, &initial_md);
     ops[4].op = GRPC_OP_RECV_MESSAGE;
     ops[4].data.recv_message.recv_message = &recv;
     ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
@@ -427,19 +449,129 @@ static int unary(kvc_client *c, const char *method, const ProtobufCMessage *req,
 fail:
     if (recv)
         grpc_byte_buffer_destroy(recv);
-    grpc_byte_buffer_destroy(send);
-    grpc_slice_unref(details);
-    grpc_metadata_array_destroy(&initial_md);
-    grpc_metadata_array_destroy(&trailing_md);
-    grpc_call_unref(call);
-    grpc_completion_queue_shutdown(cq);
-    grpc_completion_queue_destroy(cq);
+    call_end(cq, call, send, details, &initial_md, &trailing_md);
     return rc;
 }
 
-#define UNARY(c, name, req, resp_type, resp_desc, resp, tmo)                                  \
-    unary((c), "/tierkv.v1.Cache/" name, (const ProtobufCMessage *)(req), &(resp_desc),       \
-          (ProtobufCMessage **)(resp), (tmo))
+/* The fast path's bound on a reply: the daemon's replies to the calls it carries are far
+ * smaller (a LookupBatch of 256 long prompts is a few MiB). */
+#define kFastMaxReply (64u << 20)
+
+/* A unary call on the attach connection (proto/tkv_attach.h), under c->fast_mu. A broken
+ * connection or a reply that does not arrive in time ends the fast path for this client (a
+ * late reply would answer the next call); calls then take gRPC. */
+static int fast_unary(kvc_client *c, const char *method, uint16_t op, const ProtobufCMessage *req,
+                      const ProtobufCMessageDescriptor *d, ProtobufCMessage **resp,
+                      uint32_t timeout_ms)
+{
+    /* lookups go in the lean encoding (tokens as they are), the rest as protobuf */
+    bool lean = op == TKV_FAST_LOOKUP || op == TKV_FAST_LOOKUP_BATCH;
+    size_t n = lean ? tkv_fast_lean_size(req) : 0;
+    lean = n > 0;
+    if (!lean)
+        n = protobuf_c_message_get_packed_size(req);
+    uint32_t small[1024];
+    uint8_t *p = n <= sizeof(small) ? (uint8_t *)small : tkv_xmalloc(n);
+    if (lean)
+        tkv_fast_lean_encode(req, p);
+    else
+        protobuf_c_message_pack(req, p);
+    bool sent = tkv_fast_send(c->attach_fd, op, lean ? TKV_FAST_LEAN : 0, timeout_ms, 0, p, n);
+    if (p != (uint8_t *)small)
+        free(p);
+    if (!sent) {
+        c->fast = false;
+        return fail(KVC_EUNAVAILABLE, "%s: attach connection lost: %s", method, strerror(errno));
+    }
+    /* The daemon answers a deadline itself; the slack covers its reply on a loaded host. The
+     * wait is the socket's receive timeout, set only when it changes: one syscall fewer per
+     * call than a poll. (A spin before sleeping gained 2 us of a 14 us round trip and cost 40%
+     * of the lookups/s of 4 threads on 2 cores: no spin.) */
+    uint32_t wait_ms = timeout_ms ? (timeout_ms > UINT32_MAX - 5000 ? UINT32_MAX : timeout_ms + 5000) : 0;
+    if (wait_ms != c->fast_wait_ms) {
+        struct timeval tv = {.tv_sec = wait_ms / 1000, .tv_usec = (wait_ms % 1000) * 1000};
+        if (setsockopt(c->attach_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0) {
+            c->fast = false;
+            return fail(KVC_EUNAVAILABLE, "%s: attach connection: %s", method, strerror(errno));
+        }
+        c->fast_wait_ms = wait_ms;
+    }
+    tkv_fast_hdr h;
+    size_t len = 0;
+    char why[160];
+    if (tkv_fast_recv(c->attach_fd, &h, &c->fast_buf, &c->fast_cap, kFastMaxReply, &len, why,
+                      sizeof(why)) <= 0) {
+        bool late = errno == EAGAIN || errno == EWOULDBLOCK;
+        c->fast = false;
+        return fail(late ? KVC_ETIMEDOUT : KVC_EUNAVAILABLE, "%s: attach connection: %s", method,
+                    late ? "no reply in time" : why);
+    }
+    if (h.op != op) {
+        c->fast = false;
+        return fail(KVC_EPROTO, "%s: fast-path reply for call %u", method, h.op);
+    }
+    if (h.status != GRPC_STATUS_OK) {
+        char msg[384];
+        size_t m = len < sizeof(msg) - 1 ? len : sizeof(msg) - 1;
+        memcpy(msg, c->fast_buf, m);
+        msg[m] = '\0';
+        return fail(map_status((grpc_status_code)h.status, msg), "%s: status %d: %s", method,
+                    (int)h.status, msg[0] ? msg : "(no message)");
+    }
+    *resp = protobuf_c_message_unpack(d, NULL, len, c->fast_buf);
+    if (!*resp)
+        return fail(KVC_EPROTO, "%s: reply does not parse as %s", method, d->name);
+    return KVC_OK;
+}
+
+/* One unary call: req -> *resp (unpacked with d; the caller frees it with
+ * protobuf_c_message_free_unpacked). timeout_ms 0 = no deadline. A call the fast path
+ * carries (op != 0) goes on the attach connection when it is attached and free. */
+static int unary(kvc_client *c, const char *method, uint16_t op, const ProtobufCMessage *req,
+                 const ProtobufCMessageDescriptor *d, ProtobufCMessage **resp, uint32_t timeout_ms)
+{
+    *resp = NULL;
+    if (op && c->fast && pthread_mutex_trylock(&c->fast_mu) == 0) {
+        if (c->fast) {
+            int rc = fast_unary(c, method, op, req, d, resp, timeout_ms);
+            pthread_mutex_unlock(&c->fast_mu);
+            return rc;
+        }
+        pthread_mutex_unlock(&c->fast_mu);
+    }
+    return grpc_unary(c, method, req, d, resp, timeout_ms);
+}
+
+/* The fast path's id of each method (0: gRPC only), for UNARY's name. */
+enum {
+    kOp_Lookup = TKV_FAST_LOOKUP, kOp_LookupBatch = TKV_FAST_LOOKUP_BATCH,
+    kOp_Prefetch = TKV_FAST_PREFETCH, kOp_Release = TKV_FAST_RELEASE, kOp_Alloc = TKV_FAST_ALLOC,
+    kOp_WriteSlot = TKV_FAST_WRITE_SLOT, kOp_Commit = TKV_FAST_COMMIT, kOp_Put = TKV_FAST_PUT,
+    kOp_Get = 0, kOp_Stats = 0, kOp_Health = 0, kOp_CostCheck = 0, kOp_Evict = 0, kOp_Flush = 0,
+    kOp_ListBlocks = 0,
+};
+
+/* What a call does with its reply (rsp is the method's response message, freed after);
+ * returns KVC_OK or a failure. NULL: the reply carries nothing the caller needs. */
+typedef int (*take_fn)(kvc_client *c, const void *rsp, void *arg);
+
+/* The one shape of a unary call: send req, hand the reply to take, free it. */
+static int call(kvc_client *c, const char *method, uint16_t op, const ProtobufCMessage *req,
+                const ProtobufCMessageDescriptor *d, uint32_t timeout_ms, take_fn take, void *arg)
+{
+    ProtobufCMessage *rsp = NULL;
+    int rc = unary(c, method, op, req, d, &rsp, timeout_ms);
+    if (rc == KVC_OK && take)
+        rc = take(c, rsp, arg);
+    if (rsp)
+        protobuf_c_message_free_unpacked(rsp, NULL);
+    return rc;
+}
+
+/* CALL(c, Lookup, &req, lookup_response, timeout, take, arg) */
+#define CALL(c, name, req, rsp_type, tmo, take, arg)                                             \
+    call((c), "/tierkv.v1.Cache/" #name, kOp_##name, &(req)->base,                             \
+         &tierkv__v1__##rsp_type##__descriptor, (tmo), (take), (arg))
 
 static void scope_init(kvc_client *c, Tierkv__V1__BlockScope *s)
 {
@@ -538,7 +670,7 @@ static int attach(kvc_client *c, const char *path)
     hello.version = TKV_ATTACH_VERSION;
     memcpy(hello.fingerprint, c->fingerprint, TKV_KEY_BYTES);
     hello.pid = (uint32_t)getpid();
-    hello.flags = c->trusted ? TKV_ATTACH_HELLO_WRITABLE : 0;
+    hello.flags = (c->trusted ? TKV_ATTACH_HELLO_WRITABLE : 0) | TKV_ATTACH_HELLO_FAST;
     if (send(fd, &hello, sizeof(hello), MSG_NOSIGNAL) != (ssize_t)sizeof(hello)) {
         rc = fail(KVC_EATTACH, "send hello to %s: %s", path, strerror(errno));
         goto fail;
@@ -621,6 +753,7 @@ static int attach(kvc_client *c, const char *path)
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &zero, sizeof(zero));
     c->attach_fd = fd;
     c->client_id = reply.client_id;
+    c->fast = (reply.flags & TKV_ATTACH_F_FAST) != 0;
     return KVC_OK;
 fail:
     if (memfd >= 0)
@@ -650,6 +783,7 @@ int kvc_connect(const kvc_opts *o, kvc_client **out)
     grpc_init();
     kvc_client *c = tkv_xcalloc(1, sizeof(*c));
     c->attach_fd = -1;
+    pthread_mutex_init(&c->fast_mu, NULL);
     c->timeout_ms = o->timeout_ms;
     c->lease_ttl_ms = o->lease_ttl_ms;
     c->trusted = o->trusted;
@@ -685,8 +819,8 @@ int kvc_connect(const kvc_opts *o, kvc_client **out)
     /* Stats tells the daemon's geometry: adopt it, or check ours against it now, so a
      * mismatch is one clear error at connect rather than one per call. */
     Tierkv__V1__StatsRequest sreq = TIERKV__V1__STATS_REQUEST__INIT;
-    rc = UNARY(c, "Stats", &sreq, Tierkv__V1__StatsResponse, tierkv__v1__stats_response__descriptor,
-               &st, c->timeout_ms);
+    rc = unary(c, "/tierkv.v1.Cache/Stats", 0, &sreq.base, &tierkv__v1__stats_response__descriptor,
+               (ProtobufCMessage **)&st, c->timeout_ms);
     if (rc != KVC_OK) {
         char why[sizeof(tls_err)];
         copy_cstr(why, sizeof(why), tls_err);
@@ -745,6 +879,7 @@ int kvc_connect(const kvc_opts *o, kvc_client **out)
         if (rc != KVC_OK)
             goto fail;
     }
+    scope_init(c, &c->scope); /* the client's identity is fixed from here on */
     *out = c;
     return KVC_OK;
 fail:
@@ -766,6 +901,8 @@ void kvc_close(kvc_client *c)
 #endif
     if (c->attach_fd >= 0)
         close(c->attach_fd);
+    pthread_mutex_destroy(&c->fast_mu);
+    free(c->fast_buf);
     if (c->channel)
         grpc_channel_destroy(c->channel);
     free(c->target);
@@ -820,36 +957,19 @@ static int lease_set_locs(kvc_lease *l, Tierkv__V1__BlockLoc **locs, size_t coun
     return KVC_OK;
 }
 
-int kvc_lookup(kvc_client *c, const uint32_t *tokens, size_t num_tokens, uint32_t ttl_ms,
-               kvc_lease **out)
+/* A lease from a Lookup reply for a query of num_tokens tokens; NULL (with the error set)
+ * when the reply does not add up. */
+static kvc_lease *lease_from(kvc_client *c, const Tierkv__V1__LookupResponse *resp,
+                             size_t num_tokens)
 {
-    int rc = check_tokens(c, tokens, num_tokens);
-    if (rc != KVC_OK)
-        return rc;
-    if (!out)
-        return fail(KVC_EINVAL, "out pointer is NULL");
-    *out = NULL;
-    Tierkv__V1__LookupRequest req = TIERKV__V1__LOOKUP_REQUEST__INIT;
-    Tierkv__V1__BlockScope scope;
-    scope_init(c, &scope);
-    req.scope = &scope;
-    req.n_tokens = num_tokens;
-    req.tokens = (uint32_t *)tokens;
-    req.lease_ttl_ms = ttl_ms ? ttl_ms : c->lease_ttl_ms;
-    Tierkv__V1__LookupResponse *resp = NULL;
-    rc = UNARY(c, "Lookup", &req, Tierkv__V1__LookupResponse,
-               tierkv__v1__lookup_response__descriptor, &resp, c->timeout_ms);
-    if (rc != KVC_OK)
-        return rc;
     if (resp->n_blocks != resp->num_hit_blocks ||
         (resp->num_hit_blocks > 0 && resp->lease_id == 0) ||
         resp->num_hit_blocks > resp->num_query_blocks ||
         (uint64_t)resp->num_query_blocks * c->block_tokens > num_tokens) {
-        rc = fail(KVC_EPROTO, "Lookup reply inconsistent: %u hit blocks, %zu locations, "
-                  "%u query blocks, lease %llu", resp->num_hit_blocks, resp->n_blocks,
-                  resp->num_query_blocks, (unsigned long long)resp->lease_id);
-        protobuf_c_message_free_unpacked(&resp->base, NULL);
-        return rc;
+        fail(KVC_EPROTO, "Lookup reply inconsistent: %u hit blocks, %zu locations, "
+             "%u query blocks, lease %llu", resp->num_hit_blocks, resp->n_blocks,
+             resp->num_query_blocks, (unsigned long long)resp->lease_id);
+        return NULL;
     }
     kvc_lease *l = tkv_xcalloc(1, sizeof(*l));
     l->id = resp->lease_id;
@@ -861,9 +981,105 @@ int kvc_lookup(kvc_client *c, const uint32_t *tokens, size_t num_tokens, uint32_
     l->in_l1 = tkv_xcalloc(l->num_blocks + 1, 1);
     l->l1_offset = tkv_xcalloc(l->num_blocks + 1, sizeof(uint64_t));
     lease_set_locs(l, resp->blocks, resp->n_blocks);
-    protobuf_c_message_free_unpacked(&resp->base, NULL);
-    *out = l;
-    return KVC_OK;
+    return l;
+}
+
+typedef struct take_lease_arg {
+    kvc_lease **out;
+    size_t num_tokens;
+} take_lease_arg;
+
+static int take_lease(kvc_client *c, const void *rsp, void *arg)
+{
+    take_lease_arg *a = arg;
+    *a->out = lease_from(c, rsp, a->num_tokens);
+    return *a->out ? KVC_OK : KVC_EPROTO;
+}
+
+int kvc_lookup(kvc_client *c, const uint32_t *tokens, size_t num_tokens, uint32_t ttl_ms,
+               kvc_lease **out)
+{
+    int rc = check_tokens(c, tokens, num_tokens);
+    if (rc != KVC_OK)
+        return rc;
+    if (!out)
+        return fail(KVC_EINVAL, "out pointer is NULL");
+    *out = NULL;
+    Tierkv__V1__LookupRequest req = TIERKV__V1__LOOKUP_REQUEST__INIT;
+    req.scope = &c->scope;
+    req.n_tokens = num_tokens;
+    req.tokens = (uint32_t *)tokens;
+    req.lease_ttl_ms = ttl_ms ? ttl_ms : c->lease_ttl_ms;
+    take_lease_arg a = {out, num_tokens};
+    return CALL(c, Lookup, &req, lookup_response, c->timeout_ms, take_lease, &a);
+}
+
+typedef struct take_batch_arg {
+    kvc_lease **out;
+    const size_t *num_tokens;
+    size_t num_prompts;
+} take_batch_arg;
+
+/* All or nothing: a reply that does not add up releases every lease it granted. */
+static int take_batch(kvc_client *c, const void *rsp, void *arg)
+{
+    const Tierkv__V1__LookupBatchResponse *r = rsp;
+    take_batch_arg *a = arg;
+    int rc = KVC_OK;
+    size_t done = 0;
+    if (r->n_results != a->num_prompts)
+        rc = fail(KVC_EPROTO, "LookupBatch answered %zu results for %zu prompts", r->n_results,
+                  a->num_prompts);
+    for (; rc == KVC_OK && done < a->num_prompts; done++) {
+        a->out[done] = lease_from(c, r->results[done], a->num_tokens[done]);
+        if (!a->out[done])
+            rc = KVC_EPROTO;
+    }
+    if (rc == KVC_OK)
+        return KVC_OK;
+    for (size_t i = 0; i < r->n_results; i++) {
+        kvc_lease *l = i < done ? a->out[i] : NULL;
+        if (!l && r->results[i]->lease_id) {
+            l = tkv_xcalloc(1, sizeof(*l));
+            l->id = r->results[i]->lease_id;
+        }
+        kvc_release(c, l);
+        if (i < a->num_prompts)
+            a->out[i] = NULL;
+    }
+    return rc;
+}
+
+int kvc_lookup_batch(kvc_client *c, const uint32_t *const *tokens, const size_t *num_tokens,
+                     size_t num_prompts, uint32_t ttl_ms, kvc_lease **out)
+{
+    if (!c || !out || (num_prompts && (!tokens || !num_tokens)))
+        return fail(KVC_EINVAL, "client, tokens, num_tokens or out is NULL");
+    if (num_prompts > 256)
+        return fail(KVC_EINVAL, "%zu prompts in one batch, at most 256", num_prompts);
+    int rc = KVC_OK;
+    for (size_t i = 0; i < num_prompts && rc == KVC_OK; i++)
+        rc = check_tokens(c, tokens[i], num_tokens[i]);
+    if (rc != KVC_OK)
+        return rc;
+    Tierkv__V1__LookupBatchRequest req = TIERKV__V1__LOOKUP_BATCH_REQUEST__INIT;
+    req.scope = &c->scope;
+    Tierkv__V1__Prompt *prompts = tkv_xcalloc(num_prompts + 1, sizeof(*prompts));
+    Tierkv__V1__Prompt **ptrs = tkv_xcalloc(num_prompts + 1, sizeof(*ptrs));
+    for (size_t i = 0; i < num_prompts; i++) {
+        tierkv__v1__prompt__init(&prompts[i]);
+        prompts[i].n_tokens = num_tokens[i];
+        prompts[i].tokens = (uint32_t *)tokens[i];
+        ptrs[i] = &prompts[i];
+    }
+    req.n_prompts = num_prompts;
+    req.prompts = ptrs;
+    req.lease_ttl_ms = ttl_ms ? ttl_ms : c->lease_ttl_ms;
+    take_batch_arg ta = {out, num_tokens, num_prompts};
+    rc = CALL(c, LookupBatch, &req, lookup_batch_response, c->timeout_ms, take_batch, &ta);
+    free(prompts);
+    free(ptrs);
+    return rc;
 }
 
 uint64_t kvc_lease_id(const kvc_lease *l) { return l ? l->id : 0; }
@@ -897,13 +1113,41 @@ int kvc_release(kvc_client *c, kvc_lease *l)
     } else if (l->id) {
         Tierkv__V1__ReleaseRequest req = TIERKV__V1__RELEASE_REQUEST__INIT;
         req.lease_id = l->id;
-        Tierkv__V1__ReleaseResponse *resp = NULL;
-        rc = UNARY(c, "Release", &req, Tierkv__V1__ReleaseResponse,
-                   tierkv__v1__release_response__descriptor, &resp, c->timeout_ms);
-        if (resp)
-            protobuf_c_message_free_unpacked(&resp->base, NULL);
+        rc = CALL(c, Release, &req, release_response, c->timeout_ms, NULL, NULL);
     }
     lease_free(l);
+    return rc;
+}
+
+typedef struct take_prefetch_arg {
+    kvc_lease *l;
+    bool wait;
+    uint64_t *ticket;
+} take_prefetch_arg;
+
+static int take_prefetch(kvc_client *c, const void *rsp, void *arg)
+{
+    const Tierkv__V1__PrefetchResponse *resp = rsp;
+    take_prefetch_arg *a = arg;
+    kvc_lease *l = a->l;
+    int rc = KVC_OK;
+    (void)c;
+    if (a->ticket)
+        *a->ticket = resp->ticket;
+    if (a->wait) {
+        if (resp->n_blocks > l->num_blocks) {
+            rc = fail(KVC_EPROTO, "Prefetch answered %zu locations for a lease of %u blocks",
+                      resp->n_blocks, l->num_blocks);
+        } else {
+            lease_set_locs(l, resp->blocks, resp->n_blocks);
+            if (resp->n_blocks < l->num_blocks) {
+                /* blocks that failed their checksum were dropped: the prefix ends before */
+                l->num_blocks = (uint32_t)resp->n_blocks;
+                rc = fail(KVC_EDATALOSS, "Prefetch: lease %llu now covers %zu blocks",
+                          (unsigned long long)l->id, resp->n_blocks);
+            }
+        }
+    }
     return rc;
 }
 
@@ -922,32 +1166,12 @@ static int prefetch_call(kvc_client *c, kvc_lease *l, int tier, bool wait, uint3
     req.tier = (Tierkv__V1__Tier)tier;
     req.wait = wait;
     req.timeout_ms = timeout_ms;
-    Tierkv__V1__PrefetchResponse *resp = NULL;
     /* the RPC deadline leaves the daemon room to answer DEADLINE_EXCEEDED itself */
     uint32_t rpc_ms = !wait ? c->timeout_ms : timeout_ms ? timeout_ms + c->timeout_ms : 0;
-    int rc = UNARY(c, "Prefetch", &req, Tierkv__V1__PrefetchResponse,
-                   tierkv__v1__prefetch_response__descriptor, &resp, rpc_ms);
-    if (rc != KVC_OK)
-        return rc;
-    if (ticket)
-        *ticket = resp->ticket;
-    if (wait) {
-        if (resp->n_blocks > l->num_blocks) {
-            rc = fail(KVC_EPROTO, "Prefetch answered %zu locations for a lease of %u blocks",
-                      resp->n_blocks, l->num_blocks);
-        } else {
-            lease_set_locs(l, resp->blocks, resp->n_blocks);
-            if (resp->n_blocks < l->num_blocks) {
-                /* blocks that failed their checksum were dropped: the prefix ends before */
-                l->num_blocks = (uint32_t)resp->n_blocks;
-                rc = fail(KVC_EDATALOSS, "Prefetch: lease %llu now covers %zu blocks",
-                          (unsigned long long)l->id, resp->n_blocks);
-            }
-        }
-    }
-    protobuf_c_message_free_unpacked(&resp->base, NULL);
-    return rc;
+    take_prefetch_arg a = {l, wait, ticket};
+    return CALL(c, Prefetch, &req, prefetch_response, rpc_ms, take_prefetch, &a);
 }
+
 
 int kvc_prefetch(kvc_client *c, kvc_lease *l, int tier, uint64_t *ticket)
 {
@@ -958,6 +1182,22 @@ int kvc_wait(kvc_client *c, kvc_lease *l, int tier, uint32_t timeout_ms)
 {
     return prefetch_call(c, l, tier, true, timeout_ms, NULL);
 }
+
+static int take_cost(kvc_client *c, const void *rsp, void *arg)
+{
+    const Tierkv__V1__CostCheckResponse *r = rsp;
+    kvc_cost *out = arg;
+    (void)c;
+    out->restore_ms = r->restore_ms;
+    out->use_cache = r->use_cache ? 1 : 0;
+    out->blocks_in_tier = r->blocks_in_tier;
+    out->blocks_from_l2 = r->blocks_from_l2;
+    out->blocks_from_l3 = r->blocks_from_l3;
+    out->pcie_gbps = r->pcie_gbps;
+    out->l3_read_gbps = r->l3_read_gbps;
+    return KVC_OK;
+}
+
 
 int kvc_cost_check(kvc_client *c, const kvc_lease *l, double prefill_ms, int tier,
                    kvc_cost *out)
@@ -977,19 +1217,9 @@ int kvc_cost_check(kvc_client *c, const kvc_lease *l, double prefill_ms, int tie
     req.lease_id = l->id;
     req.prefill_ms = prefill_ms;
     req.tier = (Tierkv__V1__Tier)tier;
-    Tierkv__V1__CostCheckResponse *r = NULL;
-    int rc = UNARY(c, "CostCheck", &req, Tierkv__V1__CostCheckResponse,
-                   tierkv__v1__cost_check_response__descriptor, &r, c->timeout_ms);
+    int rc = CALL(c, CostCheck, &req, cost_check_response, c->timeout_ms, take_cost, out);
     if (rc != KVC_OK)
         return rc;
-    out->restore_ms = r->restore_ms;
-    out->use_cache = r->use_cache ? 1 : 0;
-    out->blocks_in_tier = r->blocks_in_tier;
-    out->blocks_from_l2 = r->blocks_from_l2;
-    out->blocks_from_l3 = r->blocks_from_l3;
-    out->pcie_gbps = r->pcie_gbps;
-    out->l3_read_gbps = r->l3_read_gbps;
-    protobuf_c_message_free_unpacked(&r->base, NULL);
     if ((uint64_t)out->blocks_in_tier + out->blocks_from_l2 + out->blocks_from_l3 > l->num_blocks)
         return fail(KVC_EPROTO, "CostCheck counts %u+%u+%u blocks for a lease of %u",
                     out->blocks_in_tier, out->blocks_from_l2, out->blocks_from_l3, l->num_blocks);
@@ -1006,6 +1236,26 @@ const void *kvc_lease_block_ptr(const kvc_client *c, const kvc_lease *l, uint32_
     return c->pool + off;
 }
 
+typedef struct take_get_arg {
+    uint8_t *dst;
+    uint32_t first, n;
+} take_get_arg;
+
+static int take_get(kvc_client *c, const void *rsp, void *arg)
+{
+    const Tierkv__V1__GetResponse *resp = rsp;
+    take_get_arg *a = arg;
+    if (resp->n_blocks != a->n)
+        return fail(KVC_EPROTO, "Get answered %zu blocks for %u asked", resp->n_blocks, a->n);
+    for (uint32_t i = 0; i < a->n; i++) {
+        if (resp->blocks[i].len != c->block_bytes)
+            return fail(KVC_EPROTO, "Get block %u has %zu bytes, expected %zu", a->first + i,
+                        resp->blocks[i].len, c->block_bytes);
+        memcpy(a->dst + (size_t)i * c->block_bytes, resp->blocks[i].data, c->block_bytes);
+    }
+    return KVC_OK;
+}
+
 /* By-value Get of lease blocks [first, first + count) into dst, split into messages that
  * stay under the size limit. */
 static int get_by_value(kvc_client *c, const kvc_lease *l, uint32_t first, uint32_t count,
@@ -1018,24 +1268,8 @@ static int get_by_value(kvc_client *c, const kvc_lease *l, uint32_t first, uint3
         req.lease_id = l->id;
         req.first = first;
         req.count = n;
-        Tierkv__V1__GetResponse *resp = NULL;
-        int rc = UNARY(c, "Get", &req, Tierkv__V1__GetResponse,
-                       tierkv__v1__get_response__descriptor, &resp, c->timeout_ms);
-        if (rc != KVC_OK)
-            return rc;
-        if (resp->n_blocks != n) {
-            rc = fail(KVC_EPROTO, "Get answered %zu blocks for %u asked", resp->n_blocks, n);
-        } else {
-            for (uint32_t i = 0; i < n && rc == KVC_OK; i++) {
-                if (resp->blocks[i].len != c->block_bytes)
-                    rc = fail(KVC_EPROTO, "Get block %u has %zu bytes, expected %zu",
-                              first + i, resp->blocks[i].len, c->block_bytes);
-                else
-                    memcpy(dst + (size_t)i * c->block_bytes, resp->blocks[i].data,
-                           c->block_bytes);
-            }
-        }
-        protobuf_c_message_free_unpacked(&resp->base, NULL);
+        take_get_arg a = {dst, first, n};
+        int rc = CALL(c, Get, &req, get_response, c->timeout_ms, take_get, &a);
         if (rc != KVC_OK)
             return rc;
         first += n;
@@ -1086,6 +1320,26 @@ int kvc_get(kvc_client *c, const kvc_lease *l, uint32_t first, uint32_t count, v
  * put, alloc / write / commit
  * ========================================================================================= */
 
+/* Adds a Put's or Commit's counts to res (may be NULL). */
+static int take_put(kvc_client *c, const void *rsp, void *arg)
+{
+    kvc_put_result *res = arg;
+    (void)c;
+    if (!res)
+        return KVC_OK;
+    if (((const ProtobufCMessage *)rsp)->descriptor == &tierkv__v1__put_response__descriptor) {
+        const Tierkv__V1__PutResponse *r = rsp;
+        res->num_stored += r->num_stored;
+        res->num_duplicate += r->num_duplicate;
+        res->num_rejected += r->num_rejected;
+    } else {
+        const Tierkv__V1__CommitResponse *r = rsp;
+        res->num_stored += r->num_stored;
+        res->num_duplicate += r->num_duplicate;
+    }
+    return KVC_OK;
+}
+
 int kvc_put(kvc_client *c, const uint32_t *tokens, size_t num_tokens, uint32_t first_block,
             const void *payloads, uint32_t num_blocks, kvc_put_result *res)
 {
@@ -1111,9 +1365,7 @@ int kvc_put(kvc_client *c, const uint32_t *tokens, size_t num_tokens, uint32_t f
         uint32_t n = num_blocks - done < per_msg ? num_blocks - done : per_msg;
         uint32_t first = first_block + done;
         Tierkv__V1__PutRequest req = TIERKV__V1__PUT_REQUEST__INIT;
-        Tierkv__V1__BlockScope scope;
-        scope_init(c, &scope);
-        req.scope = &scope;
+        req.scope = &c->scope;
         /* the prompt prefix through the last block of this message: the daemon derives the
          * chain keys from it */
         req.n_tokens = (size_t)(first + n) * c->block_tokens;
@@ -1125,17 +1377,9 @@ int kvc_put(kvc_client *c, const uint32_t *tokens, size_t num_tokens, uint32_t f
             bins[i].len = c->block_bytes;
         }
         req.blocks = bins;
-        Tierkv__V1__PutResponse *resp = NULL;
-        rc = UNARY(c, "Put", &req, Tierkv__V1__PutResponse, tierkv__v1__put_response__descriptor,
-                   &resp, c->timeout_ms);
+        rc = CALL(c, Put, &req, put_response, c->timeout_ms, take_put, res);
         if (rc != KVC_OK)
             break;
-        if (res) {
-            res->num_stored += resp->num_stored;
-            res->num_duplicate += resp->num_duplicate;
-            res->num_rejected += resp->num_rejected;
-        }
-        protobuf_c_message_free_unpacked(&resp->base, NULL);
         done += n;
     }
     free(bins);
@@ -1145,6 +1389,25 @@ int kvc_put(kvc_client *c, const uint32_t *tokens, size_t num_tokens, uint32_t f
 int kvc_alloc(kvc_client *c, uint32_t num_blocks, uint64_t *alloc_id, uint64_t *offsets)
 {
     return kvc_alloc_tier(c, KVC_TIER_L2, num_blocks, alloc_id, offsets);
+}
+
+typedef struct take_alloc_arg {
+    uint64_t *alloc_id, *offsets;
+    uint32_t num_blocks;
+} take_alloc_arg;
+
+static int take_alloc(kvc_client *c, const void *rsp, void *arg)
+{
+    const Tierkv__V1__AllocResponse *resp = rsp;
+    take_alloc_arg *a = arg;
+    (void)c;
+    if (resp->alloc_id == 0 || resp->n_offsets != a->num_blocks)
+        return fail(KVC_EPROTO, "Alloc answered id %llu with %zu offsets for %u blocks",
+                    (unsigned long long)resp->alloc_id, resp->n_offsets, a->num_blocks);
+    *a->alloc_id = resp->alloc_id;
+    if (a->offsets)
+        memcpy(a->offsets, resp->offsets, a->num_blocks * sizeof(uint64_t));
+    return KVC_OK;
 }
 
 int kvc_alloc_tier(kvc_client *c, int tier, uint32_t num_blocks, uint64_t *alloc_id,
@@ -1157,26 +1420,11 @@ int kvc_alloc_tier(kvc_client *c, int tier, uint32_t num_blocks, uint64_t *alloc
     if (num_blocks == 0)
         return fail(KVC_EINVAL, "cannot allocate 0 blocks");
     Tierkv__V1__AllocRequest req = TIERKV__V1__ALLOC_REQUEST__INIT;
-    Tierkv__V1__BlockScope scope;
-    scope_init(c, &scope);
-    req.scope = &scope;
+    req.scope = &c->scope;
     req.num_blocks = num_blocks;
     req.tier = (Tierkv__V1__Tier)tier;
-    Tierkv__V1__AllocResponse *resp = NULL;
-    int rc = UNARY(c, "Alloc", &req, Tierkv__V1__AllocResponse,
-                   tierkv__v1__alloc_response__descriptor, &resp, c->timeout_ms);
-    if (rc != KVC_OK)
-        return rc;
-    if (resp->alloc_id == 0 || resp->n_offsets != num_blocks) {
-        rc = fail(KVC_EPROTO, "Alloc answered id %llu with %zu offsets for %u blocks",
-                  (unsigned long long)resp->alloc_id, resp->n_offsets, num_blocks);
-    } else {
-        *alloc_id = resp->alloc_id;
-        if (offsets)
-            memcpy(offsets, resp->offsets, num_blocks * sizeof(uint64_t));
-    }
-    protobuf_c_message_free_unpacked(&resp->base, NULL);
-    return rc;
+    take_alloc_arg a = {alloc_id, offsets, num_blocks};
+    return CALL(c, Alloc, &req, alloc_response, c->timeout_ms, take_alloc, &a);
 }
 
 int kvc_write(kvc_client *c, uint64_t alloc_id, uint32_t index, const void *payload, size_t len)
@@ -1190,12 +1438,7 @@ int kvc_write(kvc_client *c, uint64_t alloc_id, uint32_t index, const void *payl
     req.index = index;
     req.payload.data = (uint8_t *)payload;
     req.payload.len = len;
-    Tierkv__V1__WriteSlotResponse *resp = NULL;
-    int rc = UNARY(c, "WriteSlot", &req, Tierkv__V1__WriteSlotResponse,
-                   tierkv__v1__write_slot_response__descriptor, &resp, c->timeout_ms);
-    if (resp)
-        protobuf_c_message_free_unpacked(&resp->base, NULL);
-    return rc;
+    return CALL(c, WriteSlot, &req, write_slot_response, c->timeout_ms, NULL, NULL);
 }
 
 int kvc_commit(kvc_client *c, uint64_t alloc_id, const uint32_t *tokens, size_t num_tokens,
@@ -1212,25 +1455,13 @@ int kvc_commit(kvc_client *c, uint64_t alloc_id, const uint32_t *tokens, size_t 
                     (unsigned long long)((uint64_t)first_block + num_blocks) * c->block_tokens,
                     num_tokens);
     Tierkv__V1__CommitRequest req = TIERKV__V1__COMMIT_REQUEST__INIT;
-    Tierkv__V1__BlockScope scope;
-    scope_init(c, &scope);
-    req.scope = &scope;
+    req.scope = &c->scope;
     req.alloc_id = alloc_id;
     req.n_tokens = (size_t)(first_block + num_blocks) * c->block_tokens;
     req.tokens = (uint32_t *)tokens;
     req.first_block = first_block;
     req.num_blocks = num_blocks;
-    Tierkv__V1__CommitResponse *resp = NULL;
-    rc = UNARY(c, "Commit", &req, Tierkv__V1__CommitResponse,
-               tierkv__v1__commit_response__descriptor, &resp, c->timeout_ms);
-    if (rc != KVC_OK)
-        return rc;
-    if (res) {
-        res->num_stored = resp->num_stored;
-        res->num_duplicate = resp->num_duplicate;
-    }
-    protobuf_c_message_free_unpacked(&resp->base, NULL);
-    return KVC_OK;
+    return CALL(c, Commit, &req, commit_response, c->timeout_ms, take_put, res);
 }
 
 int kvc_abort(kvc_client *c, uint64_t alloc_id)
@@ -1239,29 +1470,18 @@ int kvc_abort(kvc_client *c, uint64_t alloc_id)
         return fail(KVC_EINVAL, "client is NULL or allocation id is 0");
     Tierkv__V1__ReleaseRequest req = TIERKV__V1__RELEASE_REQUEST__INIT;
     req.alloc_id = alloc_id;
-    Tierkv__V1__ReleaseResponse *resp = NULL;
-    int rc = UNARY(c, "Release", &req, Tierkv__V1__ReleaseResponse,
-                   tierkv__v1__release_response__descriptor, &resp, c->timeout_ms);
-    if (resp)
-        protobuf_c_message_free_unpacked(&resp->base, NULL);
-    return rc;
+    return CALL(c, Release, &req, release_response, c->timeout_ms, NULL, NULL);
 }
 
 /* =========================================================================================
  * operations
  * ========================================================================================= */
 
-int kvc_stats_get(kvc_client *c, kvc_stats *out)
+static int take_stats(kvc_client *c, const void *rsp, void *arg)
 {
-    if (!c || !out)
-        return fail(KVC_EINVAL, "client or out is NULL");
-    Tierkv__V1__StatsRequest req = TIERKV__V1__STATS_REQUEST__INIT;
-    Tierkv__V1__StatsResponse *r = NULL;
-    int rc = UNARY(c, "Stats", &req, Tierkv__V1__StatsResponse,
-                   tierkv__v1__stats_response__descriptor, &r, c->timeout_ms);
-    if (rc != KVC_OK)
-        return rc;
-    memset(out, 0, sizeof(*out));
+    const Tierkv__V1__StatsResponse *r = rsp;
+    kvc_stats *out = arg;
+    (void)c;
     out->lookups = r->lookups;
     out->hit_blocks = r->hit_blocks;
     out->miss_blocks = r->miss_blocks;
@@ -1307,21 +1527,30 @@ int kvc_stats_get(kvc_client *c, kvc_stats *out)
         copy_cstr(out->scale_mode, sizeof(out->scale_mode), g->scale_mode);
         copy_cstr(out->model_id, sizeof(out->model_id), g->model_id);
     }
-    protobuf_c_message_free_unpacked(&r->base, NULL);
     return KVC_OK;
 }
 
-int kvc_health_get(kvc_client *c, kvc_health *out)
+/* A getter's arguments: both set; *out cleared. */
+static int getter_args(const kvc_client *c, void *out, size_t out_bytes)
 {
     if (!c || !out)
         return fail(KVC_EINVAL, "client or out is NULL");
-    Tierkv__V1__HealthRequest req = TIERKV__V1__HEALTH_REQUEST__INIT;
-    Tierkv__V1__HealthResponse *r = NULL;
-    int rc = UNARY(c, "Health", &req, Tierkv__V1__HealthResponse,
-                   tierkv__v1__health_response__descriptor, &r, c->timeout_ms);
-    if (rc != KVC_OK)
-        return rc;
-    memset(out, 0, sizeof(*out));
+    memset(out, 0, out_bytes);
+    return KVC_OK;
+}
+
+int kvc_stats_get(kvc_client *c, kvc_stats *out)
+{
+    Tierkv__V1__StatsRequest req = TIERKV__V1__STATS_REQUEST__INIT;
+    int rc = getter_args(c, out, sizeof(*out));
+    return rc != KVC_OK ? rc : CALL(c, Stats, &req, stats_response, c->timeout_ms, take_stats, out);
+}
+
+static int take_health(kvc_client *c, const void *rsp, void *arg)
+{
+    const Tierkv__V1__HealthResponse *r = rsp;
+    kvc_health *out = arg;
+    (void)c;
     copy_cstr(out->status, sizeof(out->status), r->status);
     copy_cstr(out->version, sizeof(out->version), r->version);
     size_t used = 0;
@@ -1332,8 +1561,14 @@ int kvc_health_get(kvc_client *c, kvc_health *out)
             break; /* truncated: the rest does not fit */
         used += (size_t)n;
     }
-    protobuf_c_message_free_unpacked(&r->base, NULL);
     return KVC_OK;
+}
+
+int kvc_health_get(kvc_client *c, kvc_health *out)
+{
+    Tierkv__V1__HealthRequest req = TIERKV__V1__HEALTH_REQUEST__INIT;
+    int rc = getter_args(c, out, sizeof(*out));
+    return rc != KVC_OK ? rc : CALL(c, Health, &req, health_response, c->timeout_ms, take_health, out);
 }
 
 static void hex32(const ProtobufCBinaryData *b, char out[65])
@@ -1347,23 +1582,19 @@ static void hex32(const ProtobufCBinaryData *b, char out[65])
     out[2 * n] = '\0';
 }
 
-int kvc_list_blocks(kvc_client *c, int tier, uint32_t limit, kvc_block_fn fn, void *arg,
-                    uint64_t *total)
+typedef struct take_list_arg {
+    kvc_block_fn fn;
+    void *arg;
+    uint64_t *total;
+} take_list_arg;
+
+static int take_list(kvc_client *c, const void *rsp, void *arg)
 {
-    if (!c || !fn)
-        return fail(KVC_EINVAL, "client or callback is NULL");
-    if (tier < KVC_TIER_NONE || tier > KVC_TIER_L3)
-        return fail(KVC_EINVAL, "tier %d is not none, L1, L2 or L3", tier);
-    Tierkv__V1__ListBlocksRequest req = TIERKV__V1__LIST_BLOCKS_REQUEST__INIT;
-    req.limit = limit;
-    req.tier = (Tierkv__V1__Tier)tier;
-    Tierkv__V1__ListBlocksResponse *r = NULL;
-    int rc = UNARY(c, "ListBlocks", &req, Tierkv__V1__ListBlocksResponse,
-                   tierkv__v1__list_blocks_response__descriptor, &r, c->timeout_ms);
-    if (rc != KVC_OK)
-        return rc;
-    if (total)
-        *total = r->total;
+    const Tierkv__V1__ListBlocksResponse *r = rsp;
+    take_list_arg *a = arg;
+    (void)c;
+    if (a->total)
+        *a->total = r->total;
     for (size_t i = 0; i < r->n_blocks; i++) {
         const Tierkv__V1__BlockInfo *b = r->blocks[i];
         kvc_block_info bi;
@@ -1377,10 +1608,36 @@ int kvc_list_blocks(kvc_client *c, int tier, uint32_t limit, kvc_block_fn fn, vo
         bi.pins = b->pins;
         bi.hits = b->hits;
         bi.last_access_ms = b->last_access_ms;
-        if (fn(arg, &bi) != 0)
+        if (a->fn(a->arg, &bi) != 0)
             break;
     }
-    protobuf_c_message_free_unpacked(&r->base, NULL);
+    return KVC_OK;
+}
+
+int kvc_list_blocks(kvc_client *c, int tier, uint32_t limit, kvc_block_fn fn, void *arg,
+                    uint64_t *total)
+{
+    if (!c || !fn)
+        return fail(KVC_EINVAL, "client or callback is NULL");
+    if (tier < KVC_TIER_NONE || tier > KVC_TIER_L3)
+        return fail(KVC_EINVAL, "tier %d is not none, L1, L2 or L3", tier);
+    Tierkv__V1__ListBlocksRequest req = TIERKV__V1__LIST_BLOCKS_REQUEST__INIT;
+    req.limit = limit;
+    req.tier = (Tierkv__V1__Tier)tier;
+    take_list_arg a = {fn, arg, total};
+    return CALL(c, ListBlocks, &req, list_blocks_response, c->timeout_ms, take_list, &a);
+}
+
+
+static int take_evict(kvc_client *c, const void *rsp, void *arg)
+{
+    const Tierkv__V1__EvictResponse *r = rsp;
+    uint32_t **counts = arg;
+    (void)c;
+    if (counts[0])
+        *counts[0] = r->num_evicted;
+    if (counts[1])
+        *counts[1] = r->num_pinned;
     return KVC_OK;
 }
 
@@ -1393,23 +1650,12 @@ int kvc_evict(kvc_client *c, int tier, const uint32_t *tokens, size_t num_tokens
     if (tier != KVC_TIER_L1 && tier != KVC_TIER_L2 && tier != KVC_TIER_L3)
         return fail(KVC_EINVAL, "evict tier must be L1, L2 or L3, not %s", kvc_tier_name(tier));
     Tierkv__V1__EvictRequest req = TIERKV__V1__EVICT_REQUEST__INIT;
-    Tierkv__V1__BlockScope scope;
-    scope_init(c, &scope);
     req.tier = (Tierkv__V1__Tier)tier;
-    req.scope = &scope;
+    req.scope = &c->scope;
     req.n_tokens = num_tokens;
     req.tokens = (uint32_t *)tokens;
-    Tierkv__V1__EvictResponse *r = NULL;
-    rc = UNARY(c, "Evict", &req, Tierkv__V1__EvictResponse, tierkv__v1__evict_response__descriptor,
-               &r, c->timeout_ms);
-    if (rc != KVC_OK)
-        return rc;
-    if (num_evicted)
-        *num_evicted = r->num_evicted;
-    if (num_pinned)
-        *num_pinned = r->num_pinned;
-    protobuf_c_message_free_unpacked(&r->base, NULL);
-    return KVC_OK;
+    uint32_t *counts[2] = {num_evicted, num_pinned};
+    return CALL(c, Evict, &req, evict_response, c->timeout_ms, take_evict, counts);
 }
 
 int kvc_flush(kvc_client *c)
@@ -1417,13 +1663,8 @@ int kvc_flush(kvc_client *c)
     if (!c)
         return fail(KVC_EINVAL, "client is NULL");
     Tierkv__V1__FlushRequest req = TIERKV__V1__FLUSH_REQUEST__INIT;
-    Tierkv__V1__FlushResponse *r = NULL;
     /* a flush waits for the disk: give it more than one ordinary call */
-    int rc = UNARY(c, "Flush", &req, Tierkv__V1__FlushResponse,
-                   tierkv__v1__flush_response__descriptor, &r, c->timeout_ms * 6);
-    if (r)
-        protobuf_c_message_free_unpacked(&r->base, NULL);
-    return rc;
+    return CALL(c, Flush, &req, flush_response, c->timeout_ms * 6, NULL, NULL);
 }
 
 /* Verify is the one server-streaming method: send the request, then read progress messages
@@ -1451,12 +1692,7 @@ int kvc_verify(kvc_client *c, uint32_t timeout_ms, kvc_progress_fn fn, void *arg
 
     grpc_op ops[4];
     memset(ops, 0, sizeof(ops));
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = send;
-    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &initial_md;
+    request_ops(ops, send, &initial_md);
     if (grpc_call_start_batch(call, ops, 4, (void *)tag, NULL) != GRPC_CALL_OK) {
         rc = fail(KVC_EINTERNAL, "Verify: cannot start the call");
         goto status;
@@ -1512,13 +1748,7 @@ status:;
     }
     if (bad)
         *bad = last_bad;
-    grpc_byte_buffer_destroy(send);
-    grpc_slice_unref(details);
-    grpc_metadata_array_destroy(&initial_md);
-    grpc_metadata_array_destroy(&trailing_md);
-    grpc_call_unref(call);
-    grpc_completion_queue_shutdown(cq);
-    grpc_completion_queue_destroy(cq);
+    call_end(cq, call, send, details, &initial_md, &trailing_md);
     return rc;
 }
 

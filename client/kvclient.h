@@ -24,6 +24,9 @@
  * Thread safety: a kvc_client may be shared by any number of threads. It holds one gRPC
  * channel (HTTP/2 multiplexes concurrent calls on one connection); every call creates its
  * own grpc_call and completion queue, so calls never wait on each other inside the client.
+ * When attached, the critical-path calls (lookup, prefetch/wait, release, alloc/write/commit,
+ * put) go over the attach connection instead, one at a time; a call that finds it busy with
+ * another thread's call takes the gRPC channel, so calls still never wait on each other.
  * A kvc_lease is not locked: use one lease from one thread at a time (several threads may
  * read a lease concurrently through the kvc_lease_* accessors and kvc_get).
  *
@@ -162,6 +165,14 @@ typedef struct kvc_lease kvc_lease;
  * kvc_release only frees it). ttl_ms 0 = the options' default. */
 int kvc_lookup(kvc_client *c, const uint32_t *tokens, size_t num_tokens, uint32_t ttl_ms,
                kvc_lease **out);
+
+/* Looks up num_prompts prompts in one call (an engine's scheduler step): prompt i is
+ * tokens[i][0..num_tokens[i]) and gets its own lease in out[i], exactly as kvc_lookup would
+ * give it. At most 256 prompts and 4 x the daemon's max_prompt_tokens tokens in all
+ * (KVC_EINVAL beyond). All or nothing: on failure no out[i] is set and no lease of the call
+ * remains. Each out[i] is the caller's, freed by kvc_release. ttl_ms as kvc_lookup. */
+int kvc_lookup_batch(kvc_client *c, const uint32_t *const *tokens, const size_t *num_tokens,
+                     size_t num_prompts, uint32_t ttl_ms, kvc_lease **out);
 
 uint64_t kvc_lease_id(const kvc_lease *l);
 uint32_t kvc_lease_num_blocks(const kvc_lease *l);        /* hit blocks */

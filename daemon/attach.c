@@ -17,6 +17,7 @@
 
 #include "tkv_attach.h"
 #include "tkv_base.h"
+#include "tkvd_fastpath.h"
 
 #define kHelloTimeoutNs (5ull * 1000000000ull) /* a silent connection is dropped after 5 s */
 #define kMaxConns 4096
@@ -25,6 +26,7 @@ typedef struct conn {
     int fd;
     uint64_t client_id;   /* 0 until the hello was accepted */
     uint64_t opened_ns;
+    bool fast;            /* its fast-path thread reads it: not polled here */
 } conn;
 
 struct tkvd_attach {
@@ -42,7 +44,33 @@ struct tkvd_attach {
     bool allow_writable;  /* trusted peers (same uid or root) may map L2 writable */
     bool have_gpu;
     tkv_attach_gpu gpu;   /* sent after the reply when have_gpu */
+    tkvd_fast *fast;      /* serves fast-path connections; NULL = none offered */
+    uint64_t *fast_done;  /* client ids whose fast connection ended (guarded by mu) */
+    size_t num_fast_done, cap_fast_done;
 };
+
+void tkvd_attach_serve_fast(tkvd_attach *a, tkvd_fast *f)
+{
+    pthread_mutex_lock(&a->mu);
+    a->fast = f;
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* A fast-path thread finished with its connection: the attach thread closes it. */
+static void fast_done(void *arg, uint64_t client_id)
+{
+    tkvd_attach *a = arg;
+    pthread_mutex_lock(&a->mu);
+    if (a->num_fast_done == a->cap_fast_done) {
+        a->cap_fast_done = a->cap_fast_done ? 2 * a->cap_fast_done : 16;
+        a->fast_done = tkv_xrealloc(a->fast_done, a->cap_fast_done * sizeof(*a->fast_done));
+    }
+    a->fast_done[a->num_fast_done++] = client_id;
+    pthread_mutex_unlock(&a->mu);
+    uint64_t one = 1;
+    if (write(a->wake_fd, &one, sizeof(one)) != sizeof(one))
+        TKV_LOG(TKV_LOG_WARN, "attach: wake-up write failed: %s", strerror(errno));
+}
 
 void tkvd_attach_allow_writable(tkvd_attach *a, bool on)
 {
@@ -135,8 +163,9 @@ static bool on_hello(tkvd_attach *a, size_t i)
                h.version, TKV_ATTACH_VERSION);
         return false;
     }
-    if (h.flags & ~TKV_ATTACH_HELLO_WRITABLE) {
-        reject(a, c->fd, TKV_EINVAL, "unknown hello flags 0x%x", h.flags & ~TKV_ATTACH_HELLO_WRITABLE);
+    const uint32_t known = TKV_ATTACH_HELLO_WRITABLE | TKV_ATTACH_HELLO_FAST;
+    if (h.flags & ~known) {
+        reject(a, c->fd, TKV_EINVAL, "unknown hello flags 0x%x", h.flags & ~known);
         return false;
     }
     bool writable = false;
@@ -175,8 +204,10 @@ static bool on_hello(tkvd_attach *a, size_t i)
     rep.block_tokens = tkv_store_block_tokens(a->store);
     pthread_mutex_lock(&a->mu);
     bool gpu = a->have_gpu;
+    tkvd_fast *fast = (h.flags & TKV_ATTACH_HELLO_FAST) ? a->fast : NULL;
     pthread_mutex_unlock(&a->mu);
-    rep.flags = (gpu ? TKV_ATTACH_F_L1 : 0) | (writable ? TKV_ATTACH_F_WRITABLE : 0);
+    rep.flags = (gpu ? TKV_ATTACH_F_L1 : 0) | (writable ? TKV_ATTACH_F_WRITABLE : 0) |
+                (fast ? TKV_ATTACH_F_FAST : 0);
     if (send_reply(a, c->fd, &rep, true) != 0 ||
         (gpu && send(c->fd, &a->gpu, sizeof(a->gpu), MSG_NOSIGNAL | MSG_DONTWAIT) !=
                     (ssize_t)sizeof(a->gpu))) {
@@ -188,6 +219,13 @@ static bool on_hello(tkvd_attach *a, size_t i)
         return false;
     }
     atomic_fetch_add_explicit(&a->metrics->clients_total, 1, memory_order_relaxed);
+    if (fast) {
+        if (tkvd_fast_serve(fast, c->fd, rep.client_id, fast_done, a) != 0) {
+            TKV_LOG(TKV_LOG_WARN, "attach: no fast-path thread for pid %u; closing", h.pid);
+            return false;
+        }
+        c->fast = true;
+    }
     TKV_LOG(TKV_LOG_INFO, "attach: client %llu (pid %u) attached", (unsigned long long)rep.client_id,
             h.pid);
     return true;
@@ -206,6 +244,24 @@ static void close_conn(tkvd_attach *a, size_t i)
         TKV_LOG(TKV_LOG_INFO, "attach: client %llu detached; %zu leases/allocations released",
                 (unsigned long long)c.client_id, n);
     }
+}
+
+/* Closes the connections whose fast-path thread ended (only this thread closes). */
+static void close_fast_done(tkvd_attach *a)
+{
+    pthread_mutex_lock(&a->mu);
+    uint64_t *ids = a->fast_done;
+    size_t num = a->num_fast_done;
+    a->fast_done = NULL;
+    a->num_fast_done = a->cap_fast_done = 0;
+    pthread_mutex_unlock(&a->mu);
+    for (size_t j = 0; j < num; j++)
+        for (size_t i = a->num_conns; i-- > 0;)
+            if (a->conns[i].fast && a->conns[i].client_id == ids[j]) {
+                close_conn(a, i);
+                break;
+            }
+    free(ids);
 }
 
 static void accept_new(tkvd_attach *a)
@@ -246,20 +302,29 @@ static void *attach_main(void *arg)
         }
         pfds[0] = (struct pollfd){.fd = a->listen_fd, .events = POLLIN};
         pfds[1] = (struct pollfd){.fd = a->wake_fd, .events = POLLIN};
-        for (size_t i = 0; i < n; i++)
-            pfds[i + 2] = (struct pollfd){.fd = a->conns[i].fd, .events = POLLIN};
+        for (size_t i = 0; i < n; i++) /* a negative fd is skipped by poll */
+            pfds[i + 2] = (struct pollfd){.fd = a->conns[i].fast ? -1 : a->conns[i].fd,
+                                          .events = POLLIN};
         int rc = poll(pfds, n + 2, 1000);
         if (rc < 0 && errno != EINTR) {
             TKV_LOG(TKV_LOG_ERROR, "attach: poll: %s", strerror(errno));
             break;
         }
+        if (rc > 0 && (pfds[1].revents & POLLIN)) {
+            uint64_t v;
+            if (read(a->wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+                TKV_LOG(TKV_LOG_WARN, "attach: wake-up read failed: %s", strerror(errno));
+        }
+        close_fast_done(a);
         uint64_t now = tkv_now_ns();
         /* Walk backwards: close_conn moves the last entry into the freed slot. */
         for (size_t i = n; i-- > 0;) {
             conn *c = &a->conns[i];
             short re = rc > 0 ? pfds[i + 2].revents : 0;
             bool keep = true;
-            if (c->client_id == 0) {
+            if (c->fast) {
+                /* its thread owns it until fast_done */
+            } else if (c->client_id == 0) {
                 if (re & POLLIN)
                     keep = on_hello(a, i);
                 else if (re & (POLLHUP | POLLERR | POLLNVAL))
@@ -282,6 +347,9 @@ static void *attach_main(void *arg)
             accept_new(a);
     }
     free(pfds);
+    /* The fast-path threads go first: they read connections that are closed below. */
+    tkvd_fast_stop(a->fast);
+    a->fast = NULL;
     while (a->num_conns)
         close_conn(a, a->num_conns - 1);
     return NULL;
@@ -348,6 +416,7 @@ void tkvd_attach_stop(tkvd_attach *a)
     close(a->wake_fd);
     unlink(a->path);
     free(a->conns);
+    free(a->fast_done);
     pthread_mutex_destroy(&a->mu);
     free(a->path);
     free(a);

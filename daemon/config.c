@@ -13,7 +13,9 @@
 
 #include "tkv_base.h"
 #include "tkv_l3.h"
+#include "tkv_l4.h"
 #include "tkv_policy.h"
+#include "tkv_rcluster.h"
 
 /* ---- the key table ------------------------------------------------------------------------
  * One row per key: how to parse it, where it goes, its range and its help line. The table is
@@ -77,6 +79,24 @@ static const key_def kKeys[] = {
      "default lease time-to-live (default 30000)"},
     {"lease_ttl_max_ms", K_U32, OFF(lease_ttl_max_ms), 1, 86400000, NULL,
      "longest lease a client may ask for (default 600000)"},
+    /* the shared tier (L4) on Redis Cluster */
+    {"l4_redis_nodes", K_STR, OFF(l4_redis_nodes), 0, 4095, NULL,
+     "Redis Cluster seed nodes host:port[,host:port...]; empty = L4 off (default empty)"},
+    {"l4_bytes_budget", K_SIZE, OFF(l4_bytes_budget), 0, UINT64_C(1) << 40, NULL,
+     "bytes of write-down to L4 queued at most; beyond, blocks are not written; 0 = read-only "
+     "L4 (default 256M)"},
+    {"l4_connect_timeout_ms", K_U32, OFF(l4_connect_timeout_ms), 1, 60000, NULL,
+     "L4: TCP connect + AUTH deadline per node (default 500)"},
+    {"l4_timeout_ms", K_U32, OFF(l4_timeout_ms), 1, 600000, NULL,
+     "L4: deadline of one pipelined round to the cluster (default 2000)"},
+    {"l4_ttl_s", K_U32, OFF(l4_ttl_s), 0, 365u * 86400u, NULL,
+     "L4: expiry of each value written, 0 = none (Redis's maxmemory policy evicts) (default 0)"},
+    {"l4_connections", K_U32, OFF(l4_connections), 1, 64, NULL,
+     "L4: router connections for lookups (each reaches every node) (default 4)"},
+    {"l4_redis_user", K_STR, OFF(l4_redis_user), 0, 255, NULL,
+     "L4: ACL user for AUTH (needs l4_redis_password); empty = the default user"},
+    {"l4_redis_password", K_STR, OFF(l4_redis_password), 0, 1023, NULL,
+     "L4: AUTH password; empty = no AUTH (never printed by --print-config)"},
     /* paths */
     {"data_dir", K_STR, OFF(data_dir), 1, PATH_MAX - 1, NULL, "data folder (default ./tierkv-data)"},
     {"run_dir", K_STR, OFF(run_dir), 1, PATH_MAX - 1, NULL,
@@ -251,6 +271,13 @@ void tkvd_config_init(tkvd_config *c)
     c->store_workers = 4;
     c->lease_ttl_ms = 30000;
     c->lease_ttl_max_ms = 600000;
+    c->l4_redis_nodes = tkv_xstrdup("");
+    c->l4_bytes_budget = UINT64_C(256) << 20;
+    c->l4_connect_timeout_ms = 500;
+    c->l4_timeout_ms = 2000;
+    c->l4_connections = 4;
+    c->l4_redis_user = tkv_xstrdup("");
+    c->l4_redis_password = tkv_xstrdup("");
     c->data_dir = tkv_xstrdup("tierkv-data");
     c->run_dir = tkv_xstrdup("");
     c->pid_file = tkv_xstrdup("");
@@ -525,6 +552,23 @@ int tkvd_config_finish(tkvd_config *c, char *err, size_t err_len)
                 c->max_blocks_per_rpc, c->block_bytes);
         return TKV_EINVAL;
     }
+    if (*c->l4_redis_nodes) {
+        char hosts[TKV_RC_MAX_NODES][64], why[160];
+        int ports[TKV_RC_MAX_NODES];
+        if (tkv_rc_parse_nodes(c->l4_redis_nodes, hosts, ports, TKV_RC_MAX_NODES, why,
+                               sizeof(why)) < 0) {
+            set_err(err, err_len, "l4_redis_nodes: %s", why);
+            return TKV_EINVAL;
+        }
+    }
+    if (*c->l4_redis_user && !*c->l4_redis_password) {
+        set_err(err, err_len, "l4_redis_user needs l4_redis_password");
+        return TKV_EINVAL;
+    }
+    if ((*c->l4_redis_user || *c->l4_redis_password) && !*c->l4_redis_nodes) {
+        set_err(err, err_len, "l4_redis_user/l4_redis_password need l4_redis_nodes");
+        return TKV_EINVAL;
+    }
     if (!*c->tls_cert != !*c->tls_key) {
         set_err(err, err_len, "tls_cert and tls_key must be given together");
         return TKV_EINVAL;
@@ -599,6 +643,8 @@ static void print_value(const tkvd_config *c, const key_def *k, FILE *f)
     case K_STR:
         if (k->offset == GEO(model_id))
             fprintf(f, "\"%s\"", c->geometry.model_id);
+        else if (k->offset == OFF(l4_redis_password) && **(char *const *)slot)
+            fputs("\"(set, not shown)\"", f);
         else
             fprintf(f, "\"%s\"", *(char *const *)slot);
         break;
@@ -618,4 +664,28 @@ void tkvd_config_print(const tkvd_config *c, FILE *f)
         print_value(c, &kKeys[i], f);
         fputc('\n', f);
     }
+}
+
+/* ---- the shared tier ------------------------------------------------------------------------ */
+
+int tkvd_config_open_l4(const tkvd_config *c, tkv_l4 **out)
+{
+    tkv_l4_opts *o = tkv_l4_opts_new();
+    int rc = TKV_EINVAL;
+    if (tkv_l4_opts_set_nodes(o, c->l4_redis_nodes) != TKV_OK ||
+        tkv_l4_opts_set_block(o, c->block_bytes, c->geometry.block_tokens) != TKV_OK ||
+        tkv_l4_opts_set_auth(o, c->l4_redis_user, c->l4_redis_password) != TKV_OK ||
+        tkv_l4_opts_set_timeouts(o, c->l4_connect_timeout_ms, c->l4_timeout_ms) != TKV_OK ||
+        tkv_l4_opts_set_write_budget(o, c->l4_bytes_budget) != TKV_OK ||
+        tkv_l4_opts_set_ttl_s(o, c->l4_ttl_s) != TKV_OK ||
+        tkv_l4_opts_set_connections(o, c->l4_connections) != TKV_OK) {
+        TKV_LOG(TKV_LOG_ERROR, "L4: the l4_* configuration was refused");
+        goto out;
+    }
+    rc = tkv_l4_open(o, out);
+    if (rc != TKV_OK)
+        TKV_LOG(TKV_LOG_ERROR, "L4: cannot start: %s", tkv_strerror(rc));
+out:
+    tkv_l4_opts_free(o);
+    return rc;
 }

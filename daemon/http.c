@@ -332,6 +332,11 @@ static void render_metrics(const tkvd_http_source *src, const http_snapshot *s, 
     }
     buf_printf(b, "tierkv_lookup_duration_seconds_sum %.9g\n", (double)s->lat_sum_ns / 1e9);
     buf_printf(b, "tierkv_lookup_duration_seconds_count %" PRIu64 "\n", cum);
+    if (src->l4) {
+        char l4text[8192];
+        tkvd_metrics_l4_prom(src->l4, l4text, sizeof(l4text));
+        buf_printf(b, "%s", l4text);
+    }
 }
 
 /* ============================================================================================
@@ -432,6 +437,11 @@ static void render_stats(const tkvd_http_source *src, const http_snapshot *s, ht
     JU64("put_rejected_blocks", st->put_rejected_blocks);
     JU64("gets", st->gets);
     JU64("get_bytes", st->get_bytes);
+    {
+        char l4json[1024];
+        tkvd_metrics_l4_json(src->l4, l4json, sizeof(l4json));
+        buf_printf(b, "%s,", l4json);
+    }
     JU64("leases_active", st->leases_active);
     JU64("leases_expired", st->leases_expired);
     JU64("allocations_active", st->allocs_active);

@@ -30,6 +30,7 @@
 #include "tkv_base.h"
 #include "tkv_l3.h"
 #include "tkv_policy.h"
+#include "tkv_l4.h"
 #include "tkv_store.h"
 #include "tkvd_attach.h"
 #include "tkvd_gpu.h"
@@ -37,6 +38,7 @@
 #include "tkvd_http.h"
 #include "tkvd_metrics.h"
 #include "tkvd_server.h"
+#include "tkvd_fastpath.h"
 #include "tkvd_service.h"
 
 #ifndef TKVD_VERSION
@@ -307,6 +309,7 @@ typedef struct daemon_state {
     tkvd_gpu *gpu;
     tkv_store_opts *so;
     tkv_store *store;
+    tkv_l4 *l4;                 /* the shared tier, or NULL when l4_redis_nodes is empty */
     tkvd_attach *attach;
     tkvd_service svc;           /* the gRPC methods' context */
     tkvd_server *server;
@@ -429,7 +432,8 @@ static int store_options(daemon_state *d)
         tkv_store_opts_set_write_through(so, cfg->write_through) != TKV_OK ||
         tkv_store_opts_set_policy(so, cfg->policy) != TKV_OK ||
         tkv_store_opts_set_workers(so, cfg->store_workers) != TKV_OK ||
-        tkv_store_opts_set_lease_ttl_ms(so, cfg->lease_ttl_ms, cfg->lease_ttl_max_ms) != TKV_OK) {
+        tkv_store_opts_set_lease_ttl_ms(so, cfg->lease_ttl_ms, cfg->lease_ttl_max_ms) != TKV_OK ||
+        tkv_store_opts_set_l4(so, d->l4) != TKV_OK) {
         TKV_LOG(TKV_LOG_ERROR, "the store refused the configuration (see the lines above)");
         return EXIT_CONFIG;
     }
@@ -452,6 +456,9 @@ static int open_store(daemon_state *d)
             return EXIT_RUNTIME;
         }
     }
+    /* The shared tier first: the store hands blocks to it from its first write-back. */
+    if (*cfg->l4_redis_nodes && tkvd_config_open_l4(cfg, &d->l4) != TKV_OK)
+        return EXIT_CONFIG;
     int code = store_options(d);
     if (code != 0)
         return code;
@@ -499,6 +506,7 @@ static int start_servers(daemon_state *d)
     svc->rates.l3_read_gbps = cfg->l3_read_mbps / 1000.0;
     atomic_init(&svc->stopping, false);
     atomic_init(&svc->abort_waits, false);
+    tkvd_fast_enable(svc);
 
     tkvd_server_opts sopts = { /* copied by tkvd_server_start */
         .unix_path = cfg->grpc_socket,
@@ -526,6 +534,7 @@ static int start_servers(daemon_state *d)
         .geometry = &d->cfg.geometry,
         .policy_name = cfg->policy,
         .version = TKVD_VERSION,
+        .l4 = d->l4,
     };
     if (cfg->http_enabled) {
         if (tkvd_http_start(cfg->http_address, (uint16_t)cfg->http_port, &d->hsrc,
@@ -580,6 +589,7 @@ static void shut_down(daemon_state *d, int code)
         TKV_LOG(TKV_LOG_INFO, "store closed (write-backs finished) in %" PRIu64 " ms",
                 (tkv_now_ns() - t0) / 1000000u);
     }
+    tkv_l4_close(d->l4);    /* after the store: its write-back hands blocks to L4 */
     tkvd_gpu_close(d->gpu); /* after the store: its workers may still be copying */
     tkv_store_opts_free(d->so);
     if (d->pid_fd >= 0) /* the lock proves the socket is ours (or a dead daemon's) */

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "tierkv.pb-c.h"
+#include "tkv_attach.h"
 #include "tkv_base.h"
 #include "tkv_keys.h"
 #include "tkv_l3.h"
@@ -72,7 +73,10 @@ static bool store_ok(tkvd_call *k, int rc, const char *what)
 /* Zeroed memory that lives until the reply is packed (for the reply's repeated fields). */
 static void *call_alloc(tkvd_call *k, size_t n, size_t size)
 {
-    TKV_ASSERT(k->num_scratch < sizeof(k->scratch) / sizeof(k->scratch[0]));
+    if (k->num_scratch == k->cap_scratch) {
+        k->cap_scratch = k->cap_scratch ? 2 * k->cap_scratch : 16;
+        k->scratch = tkv_xrealloc(k->scratch, k->cap_scratch * sizeof(*k->scratch));
+    }
     void *p = tkv_xcalloc(n ? n : 1, size);
     k->scratch[k->num_scratch++] = p;
     return p;
@@ -320,6 +324,52 @@ static void h_lookup(tkvd_call *k, const void *req, void *out)
 {
     const Tierkv__V1__LookupRequest *rq = req;
     lookup_one(k, rq->tokens, rq->n_tokens, rq->lease_ttl_ms, out);
+}
+
+#define kMaxBatchPrompts 256
+#define kBatchTokenFactor 4     /* a batch holds at most 4 x max_prompt_tokens tokens */
+
+static bool v_lookup_batch(tkvd_call *k, const void *req)
+{
+    const Tierkv__V1__LookupBatchRequest *rq = req;
+    uint64_t limit = (uint64_t)kBatchTokenFactor * k->svc->cfg->max_prompt_tokens, total = 0;
+    if (rq->n_prompts > kMaxBatchPrompts)
+        return fail_with(k, GRPC_STATUS_INVALID_ARGUMENT, "lookup_batch: %zu prompts, at most %d",
+                         rq->n_prompts, kMaxBatchPrompts);
+    for (size_t i = 0; i < rq->n_prompts; i++) {
+        if (!check_tokens(k, rq->prompts[i]->n_tokens))
+            return false;
+        total += rq->prompts[i]->n_tokens;
+    }
+    if (total > limit)
+        return fail_with(k, GRPC_STATUS_INVALID_ARGUMENT, "lookup_batch: %" PRIu64 " tokens in all, "
+                         "at most %" PRIu64 " (%d x max_prompt_tokens)", total, limit,
+                         kBatchTokenFactor);
+    return true;
+}
+
+static void h_lookup_batch(tkvd_call *k, const void *req, void *out)
+{
+    const Tierkv__V1__LookupBatchRequest *rq = req;
+    Tierkv__V1__LookupBatchResponse *rsp = out;
+    size_t n = rq->n_prompts, done = 0;
+    Tierkv__V1__LookupResponse *msgs = call_alloc(k, n, sizeof(*msgs));
+    Tierkv__V1__LookupResponse **ptrs = call_alloc(k, n, sizeof(*ptrs));
+    for (; done < n; done++) {
+        tierkv__v1__lookup_response__init(&msgs[done]);
+        ptrs[done] = &msgs[done];
+        const Tierkv__V1__Prompt *p = rq->prompts[done];
+        if (!lookup_one(k, p->tokens, p->n_tokens, rq->lease_ttl_ms, &msgs[done]))
+            break;
+    }
+    if (done < n) { /* all or nothing: the caller never learns these leases */
+        for (size_t i = 0; i < done; i++)
+            if (msgs[i].lease_id)
+                tkv_store_lease_release(k->svc->store, msgs[i].lease_id);
+        return;
+    }
+    rsp->n_results = n;
+    rsp->results = ptrs;
 }
 
 /* ---- Prefetch --------------------------------------------------------------------------------- */
@@ -899,14 +949,20 @@ typedef struct handler {
 #define M(name) "/tierkv.v1.Cache/" name
 #define D(type) &tierkv__v1__##type##__descriptor
 static const handler kHandlers[] = {
-    {M("Lookup"), D(lookup_request), D(lookup_response), NULL, h_lookup, kScope, 0},
-    {M("Prefetch"), D(prefetch_request), D(prefetch_response), v_prefetch, h_prefetch, kBlocking, 0},
-    {M("Put"), D(put_request), D(put_response), v_put, h_put, kScope | kBlocking, 0},
+    {M("Lookup"), D(lookup_request), D(lookup_response), NULL, h_lookup, kScope, TKV_FAST_LOOKUP},
+    {M("LookupBatch"), D(lookup_batch_request), D(lookup_batch_response), v_lookup_batch,
+     h_lookup_batch, kScope, TKV_FAST_LOOKUP_BATCH},
+    {M("Prefetch"), D(prefetch_request), D(prefetch_response), v_prefetch, h_prefetch, kBlocking,
+     TKV_FAST_PREFETCH},
+    {M("Put"), D(put_request), D(put_response), v_put, h_put, kScope | kBlocking, TKV_FAST_PUT},
     {M("Get"), D(get_request), D(get_response), v_get, h_get, kBlocking, 0},
-    {M("Alloc"), D(alloc_request), D(alloc_response), v_alloc, h_alloc, kScope | kBlocking, 0},
-    {M("WriteSlot"), D(write_slot_request), D(write_slot_response), v_write_slot, h_write_slot, 0, 0},
-    {M("Commit"), D(commit_request), D(commit_response), v_commit, h_commit, kScope | kBlocking, 0},
-    {M("Release"), D(release_request), D(release_response), v_release, h_release, 0, 0},
+    {M("Alloc"), D(alloc_request), D(alloc_response), v_alloc, h_alloc, kScope | kBlocking,
+     TKV_FAST_ALLOC},
+    {M("WriteSlot"), D(write_slot_request), D(write_slot_response), v_write_slot, h_write_slot, 0,
+     TKV_FAST_WRITE_SLOT},
+    {M("Commit"), D(commit_request), D(commit_response), v_commit, h_commit, kScope | kBlocking,
+     TKV_FAST_COMMIT},
+    {M("Release"), D(release_request), D(release_response), v_release, h_release, 0, TKV_FAST_RELEASE},
     {M("Stats"), D(stats_request), D(stats_response), NULL, h_stats, 0, 0},
     {M("ListBlocks"), D(list_blocks_request), D(list_blocks_response), v_list_blocks, h_list_blocks,
      kBlocking, 0},
@@ -946,21 +1002,16 @@ static bool check_request_tokens(tkvd_call *k, const handler *h, const ProtobufC
     return check_tokens(k, *(const size_t *)((const uint8_t *)rq + f->quantifier_offset));
 }
 
-void tkvd_service_dispatch(tkvd_service *svc, tkvd_call *k, int method, const uint8_t *req,
-                           size_t len, uint8_t **rsp, size_t *rsp_len)
+void tkvd_service_call(tkvd_service *svc, tkvd_call *k, int method, const ProtobufCMessage *rq,
+                       uint8_t **rsp, size_t *rsp_len)
 {
     TKV_ASSERT(method >= 0 && (size_t)method < kNumHandlers);
     const handler *h = &kHandlers[method];
+    TKV_ASSERT(rq->descriptor == h->req);
     k->svc = svc;
     k->code = GRPC_STATUS_OK;
     *rsp = NULL;
     *rsp_len = 0;
-    ProtobufCMessage *rq = protobuf_c_message_unpack(h->req, NULL, len, req);
-    if (!rq) {
-        fail_with(k, GRPC_STATUS_INVALID_ARGUMENT, "malformed %s: %zu bytes are not a valid "
-                  "protobuf message", h->req->short_name, len);
-        return;
-    }
     const Tierkv__V1__BlockScope *scope = request_scope(h, rq);
     bool scoped = (h->flags & kScope) || ((h->flags & kScopeIfSet) && scope);
     if (scoped && check_scope(k, scope))
@@ -981,7 +1032,26 @@ void tkvd_service_dispatch(tkvd_service *svc, tkvd_call *k, int method, const ui
     }
     for (size_t i = 0; i < k->num_scratch; i++)
         free(k->scratch[i]);
-    k->num_scratch = 0;
+    free(k->scratch);
+    k->scratch = NULL;
+    k->num_scratch = k->cap_scratch = 0;
+}
+
+void tkvd_service_dispatch(tkvd_service *svc, tkvd_call *k, int method, const uint8_t *req,
+                           size_t len, uint8_t **rsp, size_t *rsp_len)
+{
+    TKV_ASSERT(method >= 0 && (size_t)method < kNumHandlers);
+    const handler *h = &kHandlers[method];
+    *rsp = NULL;
+    *rsp_len = 0;
+    ProtobufCMessage *rq = protobuf_c_message_unpack(h->req, NULL, len, req);
+    if (!rq) {
+        k->svc = svc;
+        fail_with(k, GRPC_STATUS_INVALID_ARGUMENT, "malformed %s: %zu bytes are not a valid "
+                  "protobuf message", h->req->short_name, len);
+        return;
+    }
+    tkvd_service_call(svc, k, method, rq, rsp, rsp_len);
     protobuf_c_message_free_unpacked(rq, NULL);
 }
 
@@ -1030,21 +1100,28 @@ const tkvd_method *tkvd_service_methods(size_t *num_methods)
 }
 
 /* The largest legal request is a Put of max_blocks_per_rpc blocks with a prompt of
- * max_prompt_tokens tokens (5 bytes per varint token at most) plus framing; a larger message
+ * max_prompt_tokens tokens, or a LookupBatch of kBatchTokenFactor times that many tokens
+ * (5 bytes per varint token at most), plus framing; a larger message
  * cannot be valid, so the transport refuses it (RESOURCE_EXHAUSTED) before parsing. */
 size_t tkvd_service_max_recv_bytes(const tkvd_config *cfg)
 {
-    uint64_t n = (uint64_t)cfg->max_blocks_per_rpc * (cfg->block_bytes + 16) +
-                 (uint64_t)cfg->max_prompt_tokens * 5 + 4096;
+    uint64_t put = (uint64_t)cfg->max_blocks_per_rpc * (cfg->block_bytes + 16) +
+                   (uint64_t)cfg->max_prompt_tokens * 5 + 4096;
+    uint64_t batch = (uint64_t)kBatchTokenFactor * cfg->max_prompt_tokens * 5 +
+                     (uint64_t)kMaxBatchPrompts * 8 + 4096;
+    uint64_t n = put > batch ? put : batch;
     return n > INT32_MAX ? INT32_MAX : (size_t)n;
 }
 
-/* The largest reply is a Get of max_blocks_per_rpc blocks (or a ListBlocks of kListMax
- * entries, ~110 bytes each). */
+/* The largest reply is a Get of max_blocks_per_rpc blocks, a ListBlocks of kListMax entries
+ * (~110 bytes each) or a LookupBatch's locations (~30 bytes per block). */
 size_t tkvd_service_max_send_bytes(const tkvd_config *cfg)
 {
     uint64_t get = (uint64_t)cfg->max_blocks_per_rpc * (cfg->block_bytes + 16) + 4096;
     uint64_t list = (uint64_t)kListMax * 128 + 4096;
+    uint64_t batch = (uint64_t)kBatchTokenFactor * cfg->max_prompt_tokens /
+                     cfg->geometry.block_tokens * 32 + (uint64_t)kMaxBatchPrompts * 32 + 4096;
     uint64_t n = get > list ? get : list;
+    n = n > batch ? n : batch;
     return n > INT32_MAX ? INT32_MAX : (size_t)n;
 }

@@ -29,6 +29,10 @@ void tkvd_attach_allow_writable(tkvd_attach *a, bool on);
 /* Makes every later handshake offer the GPU pool: the reply gets TKV_ATTACH_F_L1 and is
  * followed by *gpu (copied). Call before clients attach (right after start). */
 void tkvd_attach_offer_gpu(tkvd_attach *a, const tkv_attach_gpu *gpu);
+/* Serves the fast path (tkvd_fastpath.h) on the connections of clients that ask for it from
+ * now on; the attach object owns f and stops it first in tkvd_attach_stop. */
+struct tkvd_fast;
+void tkvd_attach_serve_fast(tkvd_attach *a, struct tkvd_fast *f);
 /* True while an attach connection with this client_id is open (thread-safe). */
 bool tkvd_attach_client_live(tkvd_attach *a, uint64_t client_id);
 /* Closes the listener and every connection (releasing their leases), joins the thread,

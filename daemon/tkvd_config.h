@@ -41,6 +41,12 @@ typedef struct tkvd_config {
     unsigned store_workers;
     uint32_t lease_ttl_ms, lease_ttl_max_ms;
 
+    /* the shared tier (L4); off when l4_redis_nodes is "" */
+    char *l4_redis_nodes;       /* "host:port,..." seeds */
+    uint64_t l4_bytes_budget;   /* write-down queue bytes; 0 = read-only L4 */
+    uint32_t l4_connect_timeout_ms, l4_timeout_ms, l4_ttl_s, l4_connections;
+    char *l4_redis_user, *l4_redis_password;
+
     /* paths ("" = derived by finish()) */
     char *data_dir, *run_dir, *pid_file, *log_file;
 
@@ -92,6 +98,12 @@ uint64_t tkvd_config_l2_blocks(const tkvd_config *c);
 void tkvd_config_print_keys(FILE *f);
 /* Prints the effective configuration as a config file (for --print-config). */
 void tkvd_config_print(const tkvd_config *c, FILE *f);
+
+/* Opens the shared tier as configured (l4_* keys; valid after finish, l4_redis_nodes set).
+ * An unreachable cluster is not an error (the daemon serves from its local tiers and retries).
+ * TKV_OK, or TKV_EINVAL with a log line. */
+typedef struct tkv_l4 tkv_l4;
+int tkvd_config_open_l4(const tkvd_config *c, tkv_l4 **out);
 
 const char *tkvd_dtype_name(uint32_t dtype);
 const char *tkvd_scale_mode_name(uint32_t mode);

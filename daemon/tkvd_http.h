@@ -20,6 +20,7 @@ typedef struct tkvd_http_source {
     const tkv_geometry *geometry;
     const char *policy_name;
     const char *version;
+    tkv_l4 *l4;               /* the shared tier, or NULL when off */
 } tkvd_http_source;
 
 /* Starts serving on addr:port (addr NULL = "127.0.0.1"; port 0 = pick one, see

@@ -6,7 +6,10 @@
 #define TKVD_METRICS_H
 
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
+
+#include "tkv_l4.h"
 
 /* Lookup latency histogram: bucket i counts lookups that took <= tkvd_latency_bounds_us[i]
  * (the last bucket is +Inf). Fixed bounds, so percentiles are exact to a bucket. */
@@ -30,5 +33,11 @@ void tkvd_metrics_init(tkvd_metrics *m);
 void tkvd_metrics_observe_lookup(tkvd_metrics *m, uint64_t elapsed_ns);
 /* Percentile (0..1) of lookup latency in microseconds, interpolated inside the bucket. */
 double tkvd_metrics_lookup_quantile_us(const tkvd_metrics *m, double q);
+
+/* The L4 families (tierkv_l4_*) as Prometheus text / as a JSON member "l4":{...} (for
+ * /api/stats; {"configured":false} when l4 is NULL), written into buf (NUL-terminated,
+ * truncated at cap). Returns the length written. */
+size_t tkvd_metrics_l4_prom(tkv_l4 *l4, char *buf, size_t cap);
+size_t tkvd_metrics_l4_json(tkv_l4 *l4, char *buf, size_t cap);
 
 #endif

@@ -18,6 +18,8 @@
 #include <stdatomic.h>
 #include <stddef.h>
 
+#include <protobuf-c/protobuf-c.h>
+
 #include "tkv_store.h"
 #include "tkvd_attach.h"
 #include "tkvd_config.h"
@@ -67,8 +69,8 @@ typedef struct tkvd_call {
     /* outcome */
     grpc_status_code code;   /* GRPC_STATUS_OK unless the call failed */
     char msg[256];           /* one-line reason when code != OK */
-    void *scratch[8];        /* reply allocations, freed after packing */
-    size_t num_scratch;
+    void **scratch;          /* reply allocations, freed after packing */
+    size_t num_scratch, cap_scratch;
 } tkvd_call;
 
 /* Ids of the calls the attach fast path carries (proto/tkv_attach.h TKV_FAST_*) map to the
@@ -80,6 +82,11 @@ int tkvd_service_fast_method(uint32_t op);
  * caller frees; *rsp_len bytes). The outcome is in k->code / k->msg. Thread-safe. */
 void tkvd_service_dispatch(tkvd_service *svc, tkvd_call *k, int method, const uint8_t *req,
                            size_t len, uint8_t **rsp, size_t *rsp_len);
+
+/* The same for a request already decoded (rq of the entry's request type; the caller keeps
+ * it): the fast path's lean encodings decode straight into the protobuf-c structs. */
+void tkvd_service_call(tkvd_service *svc, tkvd_call *k, int method, const ProtobufCMessage *rq,
+                       uint8_t **rsp, size_t *rsp_len);
 
 /* For tkvd_server_opts.on_drain_timeout (ctx = the tkvd_service). */
 void tkvd_service_abort_waits(void *ctx);

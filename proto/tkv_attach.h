@@ -31,6 +31,9 @@ typedef struct tkv_attach_hello {
  * the daemon's attach_writable is on; the reply then has TKV_ATTACH_F_WRITABLE. Everyone else
  * gets a read-only descriptor: the kernel refuses a writable shared mapping of it. */
 #define TKV_ATTACH_HELLO_WRITABLE 1u
+/* Hello flag: the client will carry its critical-path calls on this connection (the fast
+ * path below). The reply has TKV_ATTACH_F_FAST when the daemon serves them. */
+#define TKV_ATTACH_HELLO_FAST 2u
 
 typedef struct tkv_attach_reply {
     uint32_t magic;
@@ -51,6 +54,7 @@ typedef struct tkv_attach_reply {
  * each handle with cudaIpcOpenMemHandle on the device whose PCI bus id matches. */
 #define TKV_ATTACH_F_L1 1u
 #define TKV_ATTACH_F_WRITABLE 2u
+#define TKV_ATTACH_F_FAST 4u
 #define TKV_ATTACH_MAX_CHUNKS 64
 
 typedef struct tkv_attach_gpu {
@@ -61,5 +65,39 @@ typedef struct tkv_attach_gpu {
     char pci_bus_id[32];     /* of the daemon's device, "0000:00:00.0" form */
     uint8_t handles[TKV_ATTACH_MAX_CHUNKS][64]; /* cudaIpcMemHandle_t, opaque */
 } tkv_attach_gpu;
+
+/* ---- the fast path ---------------------------------------------------------------------------
+ * With TKV_ATTACH_F_FAST the connection carries calls after the handshake, one at a time:
+ * the client sends a request, the daemon answers it, and only then does the next one start.
+ * A message (request or reply) is one or more SEQPACKET records, each a tkv_fast_hdr and up
+ * to TKV_FAST_FRAG_BYTES of payload; all but the last have TKV_FAST_MORE. Every record
+ * repeats the message's total payload length. A request's payload is the serialized protobuf
+ * request of the tierkv.v1.Cache method `op` names; a reply's is the serialized response when
+ * status is 0 (gRPC OK), else the one-line error message (the same statuses and messages the
+ * gRPC service gives). A malformed record ends the connection, releasing its leases. */
+#define TKV_FAST_MAGIC 0x46564b54u /* "TKVF" */
+#define TKV_FAST_FRAG_BYTES (60u * 1024u) /* fits the default socket send buffer 3 times */
+#define TKV_FAST_MORE 1u
+
+enum {
+    TKV_FAST_LOOKUP = 1,       /* Lookup */
+    TKV_FAST_LOOKUP_BATCH = 2, /* LookupBatch */
+    TKV_FAST_PREFETCH = 3,     /* Prefetch (with wait: kvc_wait) */
+    TKV_FAST_RELEASE = 4,      /* Release */
+    TKV_FAST_ALLOC = 5,        /* Alloc */
+    TKV_FAST_WRITE_SLOT = 6,   /* WriteSlot */
+    TKV_FAST_COMMIT = 7,       /* Commit */
+    TKV_FAST_PUT = 8,          /* Put */
+};
+
+typedef struct tkv_fast_hdr {
+    uint32_t magic;          /* TKV_FAST_MAGIC */
+    uint16_t op;             /* TKV_FAST_* (the reply repeats it) */
+    uint16_t flags;          /* TKV_FAST_MORE */
+    uint32_t len;            /* the whole message's payload bytes */
+    int32_t status;          /* reply: gRPC status code; request: 0 */
+    uint32_t timeout_ms;     /* request: the client's deadline, 0 = none */
+    uint32_t reserved;       /* 0 */
+} tkv_fast_hdr;
 
 #endif

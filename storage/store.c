@@ -35,6 +35,7 @@
 #include "tkv_csum.h"
 #include "tkv_index.h"
 #include "tkv_l3.h"
+#include "tkv_l4.h"
 #include "tkv_policy.h"
 #include "tkv_pool.h"
 #include "tkv_store_internal.h"
@@ -66,6 +67,7 @@ struct tkv_store_opts {
     uint64_t l1_blocks;
     const tkv_l1_ops *l1_ops;
     void *l1_ctx;
+    tkv_l4 *l4;
 };
 
 #define MAX_BLOCK_BYTES (1ull << 30)
@@ -190,6 +192,14 @@ int tkv_store_opts_set_l1(tkv_store_opts *o, uint64_t num_blocks, const tkv_l1_o
     return TKV_OK;
 }
 
+int tkv_store_opts_set_l4(tkv_store_opts *o, tkv_l4 *l4)
+{
+    if (!o)
+        return TKV_EINVAL;
+    o->l4 = l4;
+    return TKV_OK;
+}
+
 int tkv_store_opts_set_lease_ttl_ms(tkv_store_opts *o, uint32_t dflt, uint32_t max)
 {
     if (!o || dflt == 0 || max == 0 || dflt > max)
@@ -266,6 +276,7 @@ struct tkv_store {
     tkv_l3 *l3;
     bool l3_readonly;
     tier tiers[TKV_NUM_TIERS];
+    tkv_l4 *l4;               /* the shared tier, or NULL (not owned) */
 
     pthread_rwlock_t idx_lock;
     tkv_index *ix;
@@ -734,6 +745,7 @@ int tkv_store_open(const tkv_store_opts *o, tkv_store **out)
     s->write_through = o->write_through;
     s->ttl_default_ms = o->ttl_default_ms;
     s->ttl_max_ms = o->ttl_max_ms;
+    s->l4 = o->l4;
     /* Writer preference: glibc's default lets a steady stream of lookups starve a put. */
     pthread_rwlockattr_t rwa;
     pthread_rwlockattr_init(&rwa);
@@ -929,8 +941,11 @@ static tkv_lease *lease_live(tkv_store *s, uint64_t id, int *rc)
     return NULL;
 }
 
-int tkv_store_lookup(tkv_store *s, const tkv_key *keys, size_t num_keys, uint64_t owner,
-                     uint32_t ttl_ms, uint64_t *lease_id, size_t *num_hit, tkv_block_loc *locs)
+static void l4_fill(tkv_store *s, const tkv_key *keys, size_t num_keys);
+
+static int lookup_local(tkv_store *s, const tkv_key *keys, size_t num_keys, uint64_t owner,
+                        uint32_t ttl_ms, uint64_t *lease_id, size_t *num_hit,
+                        tkv_block_loc *locs)
 {
     if (!s || (!keys && num_keys) || !lease_id || !num_hit || num_keys > MAX_KEYS_PER_CALL)
         return TKV_EINVAL;
@@ -981,6 +996,58 @@ out:
     if (ents != stack_ents)
         free(ents);
     return rc;
+}
+
+/* No locks held: where the local tiers end short of the chain, reads what follows from the
+ * shared tier and stores it through the put path (admission, write-through to L3): the
+ * promotion L4 -> L2 happens here, not at prefetch, because a lease can pin only what a
+ * local tier holds; Redis may drop a value at any time. At most a quarter of L2 per lookup. */
+static void l4_fill(tkv_store *s, const tkv_key *keys, size_t num_keys)
+{
+    tkv_entry *stack_ents[256];
+    tkv_entry **ents = num_keys <= 256 ? stack_ents : tkv_xmalloc(num_keys * sizeof(*ents));
+    rd_lock(s);
+    size_t m = tkv_index_prefix(s->ix, keys, num_keys, ents);
+    lock(s);
+    size_t hit = 0;
+    while (hit < m && ents[hit]->state == TKV_BLOCK_READY && ents[hit]->resident)
+        hit++;
+    bool closing = s->closing;
+    unlock(s);
+    idx_unlock(s);
+    if (ents != stack_ents)
+        free(ents);
+    if (closing || hit == num_keys)
+        return;
+    size_t want = num_keys - hit;
+    uint64_t cap = s->tiers[TKV_TIER_L2].capacity_blocks / 4;
+    if (want > cap)
+        want = cap ? (size_t)cap : 1;
+    tkv_l4_block *b = tkv_xcalloc(want, sizeof(*b));
+    size_t found = 0;
+    tkv_l4_fetch_prefix(s->l4, keys + hit, want, b, &found);
+    if (found) {
+        const void **pays = tkv_xmalloc(found * sizeof(*pays));
+        uint32_t *toks = tkv_xmalloc(found * s->block_tokens * sizeof(uint32_t));
+        for (size_t i = 0; i < found; i++) {
+            pays[i] = b[i].payload;
+            memcpy(toks + i * s->block_tokens, b[i].tokens, s->block_tokens * sizeof(uint32_t));
+        }
+        tkv_store_put(s, hit ? &keys[hit - 1] : NULL, keys + hit, toks,
+                      (const void *const *)pays, found, NULL);
+        free(pays);
+        free(toks);
+    }
+    tkv_l4_blocks_free(b, found);
+    free(b);
+}
+
+int tkv_store_lookup(tkv_store *s, const tkv_key *keys, size_t num_keys, uint64_t owner,
+                     uint32_t ttl_ms, uint64_t *lease_id, size_t *num_hit, tkv_block_loc *locs)
+{
+    if (s && s->l4 && keys && num_keys && num_keys <= MAX_KEYS_PER_CALL)
+        l4_fill(s, keys, num_keys);
+    return lookup_local(s, keys, num_keys, owner, ttl_ms, lease_id, num_hit, locs);
 }
 
 int tkv_store_lease_locs(tkv_store *s, uint64_t lease_id, tkv_block_loc *locs, size_t cap,
@@ -1225,6 +1292,8 @@ static int put_chunk(tkv_store *s, const tkv_key *parent, bool parent_in_put,
     lock(s);
     now = tkv_now_ns();
     uint64_t wall = tkv_wall_ms();
+    bool l4_now[256]; /* blocks that reach L4 from here, not through write-back */
+    TKV_ASSERT(m <= 256);
     for (size_t j = 0; j < m; j++) {
         tkv_entry *e = ents[j];
         entry_set_tokens(s, e, tokens + idx[j] * (size_t)s->block_tokens);
@@ -1233,6 +1302,7 @@ static int put_chunk(tkv_store *s, const tkv_key *parent, bool parent_in_put,
         tier_enter(s, e, TKV_TIER_L2, now);
         if (s->write_through || (e->flags & F_DROP_L2))
             wb_queue(s, e);
+        l4_now[j] = s->l4 && !(e->flags & F_WB);
     }
     s->st.put_blocks += n;
     s->st.put_dup_blocks += dup;
@@ -1242,10 +1312,16 @@ static int put_chunk(tkv_store *s, const tkv_key *parent, bool parent_in_put,
      * num_stored. Only admitted blocks that found no room at all are a failure. */
     if (m == 0 && no_room > 0)
         rc = TKV_EFULL;
+    unlock(s);
+    for (size_t j = 0; j < m; j++)
+        if (l4_now[j])
+            tkv_l4_put_async(s->l4, &keys[idx[j]], idx[j] ? &keys[idx[j] - 1] : first_pk,
+                             tokens + idx[j] * (size_t)s->block_tokens, s->block_tokens,
+                             payloads[idx[j]], s->block_bytes);
+    return rc;
 unlock_out:
     unlock(s);
-    if (rc == TKV_ECLOSED)
-        idx_unlock(s);
+    idx_unlock(s);
     return rc;
 }
 
@@ -2066,6 +2142,11 @@ static bool wb_run_batch(tkv_store *s, bool worker)
         for (size_t r = 0; r < nreq; r++)
             status[map[r]] = reqs[r].status == TKV_EEXIST ? TKV_OK : reqs[r].status;
     }
+    /* Down to the shared tier as well, from the same pinned, checked L2 copies. */
+    for (size_t r = 0; s->l4 && r < nreq; r++)
+        if (status[map[r]] == TKV_OK)
+            tkv_l4_put_async(s->l4, &reqs[r].key, &reqs[r].parent, reqs[r].tokens,
+                             reqs[r].num_tokens, reqs[r].payload, reqs[r].len);
 
     wr_lock(s);
     lock(s);
@@ -2386,10 +2467,8 @@ static int queue_unwritten(void *arg, tkv_entry *e)
     return 0;
 }
 
-int tkv_store_flush(tkv_store *s)
+static int flush_l3(tkv_store *s)
 {
-    if (!s)
-        return TKV_EINVAL;
     if (!s->l3)
         return TKV_OK;
     flush_ctx fc = {.s = s};
@@ -2409,6 +2488,17 @@ int tkv_store_flush(tkv_store *s)
     unlock(s);
     idx_unlock(s);
     free(fc.ents);
+    return rc;
+}
+
+int tkv_store_flush(tkv_store *s)
+{
+    if (!s)
+        return TKV_EINVAL;
+    int rc = flush_l3(s);
+    /* Then what write-back handed to L4 (bounded: L4 down must not hang a flush). */
+    if (s->l4)
+        tkv_l4_flush(s->l4, 30000);
     return rc;
 }
 

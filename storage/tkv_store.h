@@ -69,6 +69,15 @@ typedef struct tkv_l1_ops {
 int tkv_store_opts_set_l1(tkv_store_opts *o, uint64_t num_blocks, const tkv_l1_ops *ops,
                           void *ctx);
 
+/* ---- the shared tier (L4) ----------------------------------------------------------------
+ * Attaches a Redis Cluster tier (tkv_l4.h; the caller owns it and it must outlive the store).
+ * Blocks go down to it asynchronously with their write-back to L3 (or at put, where there is
+ * no write-back); a lookup whose local prefix ends short reads the rest of the chain from L4
+ * and stores it in L2 (and on to L3) before it answers, so the lease pins local copies. A
+ * miss or an unreachable L4 only costs that read. NULL (the default) leaves L4 off. */
+typedef struct tkv_l4 tkv_l4;
+int tkv_store_opts_set_l4(tkv_store_opts *o, tkv_l4 *l4);
+
 /* Opens the engine: creates the L2 memfd pool, opens L3 and loads its index (blocks found
  * there are READY in L3). TKV_EGEOMETRY when L3 holds another fingerprint. */
 int tkv_store_open(const tkv_store_opts *o, tkv_store **out);
