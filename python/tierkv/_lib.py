@@ -68,6 +68,8 @@ _SIGS = {
     "kvc_client_id": (c_u64, [c_vp]),
     "kvc_fingerprint_hex": (None, [c_vp, ctypes.c_char * 65]),
     "kvc_lookup": (c_int, [c_vp, P_u32, c_size, c_u32, ctypes.POINTER(c_vp)]),
+    "kvc_lookup_batch": (c_int, [c_vp, ctypes.POINTER(P_u32), ctypes.POINTER(c_size), c_size,
+                                 c_u32, ctypes.POINTER(c_vp)]),
     "kvc_lease_id": (c_u64, [c_vp]),
     "kvc_lease_num_blocks": (c_u32, [c_vp]),
     "kvc_lease_num_query_blocks": (c_u32, [c_vp]),
@@ -116,7 +118,9 @@ def lib():
         if _lib is None:
             handle = ctypes.CDLL(_find())
             for name, (res, args) in _SIGS.items():
-                fn = getattr(handle, name)
+                fn = getattr(handle, name, None)
+                if fn is None:  # an older libkvclient: that method raises Unsupported
+                    continue
                 fn.restype = res
                 fn.argtypes = args
             _lib = handle

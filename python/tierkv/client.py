@@ -171,7 +171,9 @@ class Lease:
     def release(self):
         if self._h:
             h, self._h = self._h, None
-            _check(_lib.lib().kvc_release(self._c.handle, h), "release")
+            if not self._c._h:  # kvc_close already freed every lease of the client
+                return
+            _check(_lib.lib().kvc_release(self._c._h, h), "release")
 
     def __enter__(self):
         return self
@@ -266,6 +268,23 @@ class Client:
         _check(_lib.lib().kvc_lookup(self.handle, ptr, n, ttl_ms, ctypes.byref(out)), "lookup")
         del keep
         return Lease(self, out.value)
+
+    def lookup_batch(self, prompts, ttl_ms=0):
+        """lookup() of several prompts in one call (kvc_lookup_batch): a Lease per prompt, in
+        order. All or nothing: on failure no lease remains."""
+        L = _lib.lib()
+        if "kvc_lookup_batch" not in L.__dict__:  # typed at load only when the library has it
+            raise Unsupported(-11, "lookup_batch: this libkvclient has no kvc_lookup_batch")
+        n = len(prompts)
+        if n == 0:
+            return []
+        conv = [_tokens(p) for p in prompts]
+        ptrs = (_lib.P_u32 * n)(*[c[0] for c in conv])
+        lens = (ctypes.c_size_t * n)(*[c[1] for c in conv])
+        out = (ctypes.c_void_p * n)()
+        _check(L.kvc_lookup_batch(self.handle, ptrs, lens, n, ttl_ms, out), "lookup_batch")
+        del conv
+        return [Lease(self, out[i]) for i in range(n)]
 
     def prefetch(self, lease, tier=TIER_L2):
         t = ctypes.c_uint64()

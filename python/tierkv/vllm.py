@@ -16,7 +16,7 @@ planned once a request's whole prompt has been scheduled, for the prompt's full 
 Worker side: register_kv_caches reads the layout of the KV cache tensors from vLLM (the
 attention backend of the layers and the tensor shapes) and refuses any it does not know:
 a silent misreading of a layout corrupts every prefix. start_load_kv loads synchronously
-(one lookup and one get per request, one scatter per layer); blocks that could not be loaded
+(one batched lookup for the step, one get per request, one scatter per layer); blocks that could not be loaded
 (daemon down, evicted, a checksum failure) are returned by get_block_ids_with_load_errors
 so vLLM recomputes them. wait_for_save stores with one put per request.
 
@@ -33,7 +33,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V
                                                                KVConnectorMetadata,
                                                                KVConnectorRole)
 
-from .client import Client, Geometry, TierKVError
+from .client import Client, Geometry, TierKVError, Unsupported
 from .kv import BlockCodec
 
 log = logging.getLogger("tierkv.vllm")
@@ -265,25 +265,44 @@ class TierKVConnector(KVConnectorBase_V1):
         t[torch.tensor(ids, dtype=torch.long)] = x.to(t.dtype)
 
     def start_load_kv(self, forward_context, **kwargs):
-        meta = self._get_connector_metadata()
-        for ld in meta.loads:
+        loads = self._get_connector_metadata().loads
+        if not loads:
+            return
+        c = self._conn() if self._kv is not None else None
+        leases = [None] * len(loads)
+        if c is not None:
+            try:  # the step's loads: one lookup for all of them
+                leases = c.lookup_batch([ld.tokens for ld in loads])
+            except Unsupported:
+                leases = [None] * len(loads)
+            except TierKVError as e:
+                self._drop(e)
+                c = None
+        for ld, lease in zip(loads, leases):
             loaded = 0
-            c = self._conn()
-            if c is not None and self._kv is not None:
+            if c is not None:
                 try:
-                    with c.lookup(ld.tokens) as lease:
-                        n = max(0, min(lease.num_blocks - ld.first_block, len(ld.block_ids)))
-                        if n:
-                            buf = torch.empty(n, self._codec.block_bytes, dtype=torch.uint8)
-                            c.get(lease, ld.first_block, n, out=buf)
-                            keys, values = self._codec.decode(buf, torch.bfloat16)
-                            for li, (_, t) in enumerate(self._kv):
-                                self._write(t, ld.block_ids[:n], keys[li], values[li])
-                            loaded = n
+                    if lease is None:
+                        lease = c.lookup(ld.tokens)
+                    with lease:
+                        loaded = self._load(c, ld, lease)
                 except TierKVError as e:
                     self._drop(e)
-                    loaded = 0
+                    c, loaded = None, 0
+            elif lease is not None:
+                lease.release()
             self._errors.update(ld.block_ids[loaded:])
+
+    def _load(self, c, ld, lease):
+        """Gets the lease's blocks of ld (one get) into the paged cache; how many it loaded."""
+        n = max(0, min(lease.num_blocks - ld.first_block, len(ld.block_ids)))
+        if n:
+            buf = torch.empty(n, self._codec.block_bytes, dtype=torch.uint8)
+            c.get(lease, ld.first_block, n, out=buf)
+            keys, values = self._codec.decode(buf, torch.bfloat16)
+            for li, (_, t) in enumerate(self._kv):
+                self._write(t, ld.block_ids[:n], keys[li], values[li])
+        return n
 
     def wait_for_layer_load(self, layer_name):
         return  # loads are synchronous in start_load_kv

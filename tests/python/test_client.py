@@ -49,6 +49,12 @@ def run():
                 check(False, "short destination accepted")
             except tierkv.InvalidArgument as e:
                 print(f"  ok  short destination: {e}")
+        # several prompts in one lookup call: this one, a prefix of it, and a cold one
+        ls = c.lookup_batch([toks, toks[:2 * P + 3], [7] * (3 * P)])
+        check([l.num_blocks for l in ls] == [4, 2, 0], f"lookup_batch {[l.num_blocks for l in ls]}")
+        check(bytes(c.get(ls[1])) == payload[:2 * BB], "get through a batch lease differs")
+        for l in ls:
+            l.release()
         # alloc / write / commit: block 4 appended
         aid, offs = c.alloc(1)
         check(aid and len(offs) == 1, "alloc")
