@@ -3,7 +3,7 @@ BUILD      ?= build
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 
-.PHONY: all deps build test demo bench serve clean
+.PHONY: all deps build test demo bench serve clean fuzz
 
 all: build
 
@@ -31,5 +31,10 @@ serve: build
 bench: build
 	@scripts/bench $(BUILD)
 
+# libFuzzer harnesses (clang), each FUZZ_SECONDS long; figures in build-fuzz/fuzz-results.txt
+FUZZ_SECONDS ?= 600
+fuzz: deps
+	@tests/fuzz/run long $(FUZZ_SECONDS) $(FUZZ_NAMES)
+
 clean:
-	rm -rf $(BUILD) build-asan
+	rm -rf $(BUILD) build-asan build-fuzz

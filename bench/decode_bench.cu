@@ -1,13 +1,14 @@
 /* decode_bench.cu - dynamic-split vs static split-KV decode attention (kernels/decode.cu) on
- * the paged FP8 pool, timed by the anchor's method, with the HBM copy rate of the same run.
+ * the paged FP8 pool, with HPC-Ops (where built in, bench/decode_hpcops.h) timed beside them on
+ * the same inputs, and the HBM copy and read rates of the same run.
  *
  * Shapes (issue 5): head dim 128, 64 tokens per page, FP8 KV with per-tensor scales, FP8 Q
- * with per-token-per-head scales; Hq/Hkv = 8/1 and 64/8; query length 1 and 4; the KV-length
- * cases below. Inputs are random (never zeros) and the same for dynamic and static.
+ * with per-token-per-head scales; Hq/Hkv = 8/1 and 64/8; query lengths 1, 2, 3, 4, 5 and 8
+ * (HPC-Ops runs 1..4); the KV-length cases below. Inputs are random (never zeros) and the same for dynamic and static.
  *
  * Method: one attention call (attention + combine; the plan computed before) captured in a
  * CUDA graph; 5 warm-up replays; 50 replays, each between its own pair of CUDA events; the
- * median. Dynamic and static take turns in five blocks of 5 warm-up and 10 timed replays each
+ * median. Dynamic, static and HPC-Ops take turns in five blocks of 5 warm-up and 10 timed replays each
  * (a clock drift favours neither; each block replays one graph, as the method has it).
  * Again with L2 flushed (a 256 MiB memset between replays, outside the events). The plan
  * alone and plan + attention + combine are timed the same way. hbm_fraction = KV bytes /
@@ -22,13 +23,15 @@
  * same shape; with --warps, 8, 4, 2 and 1 warps per CTA, 8 per SM).
  *
  * Usage: decode_bench [--json] [--peer FILE] [--quick] [--combine | --warps] [--values a,b,c,d]
- *                     [--case NAME] [--hq N] [--qlen N]
+ *                     [--case NAME] [--hq N] [--qlens a,b,...] [--lean] [--public]
  *   --json   print a JSON list of result objects on stdout (the table goes to stderr)
  *   --peer   FILE: JSON from bench/flashinfer_decode.py; its flashinfer_us joins the rows
  *   --quick  fewer replays (smoke runs)
  *   --values the sweep's four settings instead of its defaults (floors; with --combine,
  *            K + 100 S, 0 for the launcher's choice; with --warps, warps per CTA)
- *   --case, --hq, --qlen  run only the matching rows (profiling)
+ *   --case, --hq, --qlens  run only the matching rows (profiling)
+ *   --lean   only dynamic, static and HPC-Ops (no flushed replays, sweeps or other kernels)
+ *   --public only the nine public cases
  * Exit 77 when no GPU is present.
  */
 #include <cuda_runtime.h>
@@ -44,6 +47,10 @@
 
 #include "decode_internal.h"
 #include "tkv_kernels.h"
+#include "decode_static.h"
+#ifdef TKV_HAVE_HPCOPS
+#include "decode_hpcops.h"
+#endif
 
 #define CK(call)                                                                                 \
     do {                                                                                         \
@@ -70,21 +77,25 @@ struct Part {
 struct BenchCase {
     const char *name;
     std::vector<Part> parts;
-    /* the anchor's dynamic time (us), 8/1 and 64/8 heads, query length 1 */
-    double anchor_81, anchor_648;
 };
 
+/* The nine public cases, then mixes of our own: many short requests, one huge one beside
+ * tiny ones, and lengths that are not a multiple of the page. */
 static const BenchCase kCases[] = {
-    {"64x512", {{64, 512}}, 18.3, 28.4},
-    {"64x4096", {{64, 4096}}, 30.0, 139.9},
-    {"32x128+32x4096", {{32, 128}, {32, 4096}}, 18.6, 90.6},
-    {"15x64+1x16384", {{15, 64}, {1, 16384}}, 17.8, 25.6},
-    {"1x65536+7x4096", {{1, 65536}, {7, 4096}}, 20.0, 59.5},
-    {"1x65536+15x4096", {{1, 65536}, {15, 4096}}, 20.2, 77.1},
-    {"1x65536+31x4096", {{1, 65536}, {31, 4096}}, 27.4, 106.3},
-    {"1x131072+31x4096", {{1, 131072}, {31, 4096}}, 29.6, 144.0},
-    {"2x32768+30x4096", {{2, 32768}, {30, 4096}}, 26.6, 104.5},
+    {"64x512", {{64, 512}}},
+    {"64x4096", {{64, 4096}}},
+    {"32x128+32x4096", {{32, 128}, {32, 4096}}},
+    {"15x64+1x16384", {{15, 64}, {1, 16384}}},
+    {"1x65536+7x4096", {{1, 65536}, {7, 4096}}},
+    {"1x65536+15x4096", {{1, 65536}, {15, 4096}}},
+    {"1x65536+31x4096", {{1, 65536}, {31, 4096}}},
+    {"1x131072+31x4096", {{1, 131072}, {31, 4096}}},
+    {"2x32768+30x4096", {{2, 32768}, {30, 4096}}},
+    {"256x333", {{256, 333}}},
+    {"1x200003+63x97", {{1, 200003}, {63, 97}}},
+    {"7x4097+9x1023+16x257", {{7, 4097}, {9, 1023}, {16, 257}}},
 };
+static const int kPublicCases = 9;
 
 static uint64_t g_rng = 0x1234567u;
 static uint32_t rnd32(void)
@@ -96,6 +107,7 @@ static uint32_t rnd32(void)
 }
 
 static int g_reps = 50, g_warm = 5;
+static bool g_lean; /* --lean: no flushed replays, no sweeps, no other kernels */
 /* The last four columns: the dynamic step with each of these floors (tiles per worker); with
  * --combine each of these combine shapes (tkvk__decode_tune: 0 the launcher's choice, K warps
  * per row over S slices of the head dim: K + 100 S); with --warps each of these numbers of
@@ -120,7 +132,7 @@ static const size_t kFlushBytes = (size_t)256 << 20;
 /* Medians (us) of g_reps replays of each of n graphs, each replay between its own events;
  * flush: L2 wiped before each. The graphs take turns in blocks: each block is g_warm warm-up
  * replays and then consecutive timed replays of one graph (so that it finds the L2 as its own
- * previous replay left it, as the anchor's method has it), and a clock drift during the
+ * previous replay left it, as the peers' benchmarks have it), and a clock drift during the
  * measurement favours none of the graphs. */
 static void time_graphs(const cudaGraphExec_t *exec, int n, cudaStream_t s, bool flush,
                         double *us)
@@ -190,10 +202,56 @@ static double copy_rate(cudaStream_t s)
     return 2.0 * (double)n / (ms[5] * 1e-3);
 }
 
+/* Bytes read per second by a read-only kernel over 4 GiB (16-byte loads, a persistent grid):
+ * the ceiling of a kernel that only reads, such as attention over a KV cache. */
+__global__ void read_kernel(const uint4 *p, size_t n, unsigned *sink)
+{
+    uint32_t x = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint4 v = __ldcs(p + i);
+        x ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (x == 0x9e3779b9u)
+        *sink = x; /* never in practice: keeps the loads */
+}
+static double read_rate(cudaStream_t s)
+{
+    size_t n = (size_t)4 << 30;
+    void *x;
+    unsigned *sink;
+    CK(cudaMalloc(&x, n));
+    CK(cudaMalloc((void **)&sink, 4));
+    CK(cudaMemset(x, 1, n));
+    int sms = 0;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    std::vector<float> ms(10);
+    for (int i = 0; i < 13; i++) {
+        CK(cudaEventRecord(a, s));
+        read_kernel<<<sms * 8, 512, 0, s>>>((const uint4 *)x, n / 16, sink);
+        CK(cudaEventRecord(b, s));
+        CK(cudaEventSynchronize(b));
+        if (i >= 3)
+            CK(cudaEventElapsedTime(&ms[i - 3], a, b));
+    }
+    std::sort(ms.begin(), ms.end());
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    CK(cudaFree(x));
+    CK(cudaFree(sink));
+    return (double)n / (ms[5] * 1e-3);
+}
+
 struct Row {
     std::string name;
     int hq, hkv, q_len;
-    double kv_bytes, dyn, stat, dyn_flushed, stat_flushed, plan, step, hbm_fraction, anchor;
+    double kv_bytes, dyn, stat, dyn_flushed, stat_flushed, plan, step, hbm_fraction;
+    double hpc;      /* HPC-Ops, same inputs, same turns; < 0: not run */
+    double hpc_diff; /* relative L2 distance of its O from ours */
+    double hbm_read_fraction;
     double max_diff;
     double cta;          /* dynamic through the CTA kernel (the warp-worker kernel off) */
     double m16;          /* at most 8 rows: the warp-worker kernel with rows on the mma's M side */
@@ -250,9 +308,10 @@ static Row run(const BenchCase &bc, int hq, int hkv, int q_len, cudaStream_t s)
     size_t pool_bytes = (size_t)total_blocks * lay.block_stride;
     /* random bytes that are finite e4m3 codes (0x7f/0xff are NaN) */
     std::vector<uint8_t> host_pool(pool_bytes);
-    for (size_t i = 0; i < pool_bytes; i++) {
-        uint8_t v = (uint8_t)(rnd32() & 0xf7); /* exponent field < 15: |x| < 256, no NaN */
-        host_pool[i] = v;
+    for (size_t i = 0; i + 8 <= pool_bytes; i += 8) {
+        /* exponent field < 15: |x| < 256, no NaN */
+        uint64_t v = ((uint64_t)rnd32() << 32 | rnd32()) & 0xf7f7f7f7f7f7f7f7ull;
+        memcpy(&host_pool[i], &v, 8);
     }
     std::vector<int32_t> ids(total_blocks);
     for (int i = 0; i < total_blocks; i++)
@@ -262,8 +321,17 @@ static Row run(const BenchCase &bc, int hq, int hkv, int q_len, cudaStream_t s)
     std::vector<int32_t> table((size_t)nreq * max_blocks, 0);
     int next = 0;
     for (int r = 0; r < nreq; r++)
-        for (int b = 0; b < (lens[r] + P - 1) / P; b++)
-            table[(size_t)r * max_blocks + b] = ids[next++];
+        for (int b = 0; b < (lens[r] + P - 1) / P; b++) {
+            const int id = ids[next++];
+            table[(size_t)r * max_blocks + b] = id;
+            /* the tail of a request's last page is zero (HPC-Ops requires it; ours never
+             * reads it) */
+            for (int t = lens[r] - b * P; t < P; t++) {
+                uint8_t *row = &host_pool[(size_t)id * lay.block_stride + t * lay.token_stride];
+                memset(row, 0, lay.token_stride);
+                memset(row + lay.v_offset, 0, lay.token_stride);
+            }
+        }
     size_t qn = (size_t)nreq * q_len * hq * D;
     std::vector<uint8_t> q(qn);
     for (size_t i = 0; i < qn; i++)
@@ -320,8 +388,9 @@ static Row run(const BenchCase &bc, int hq, int hkv, int q_len, cudaStream_t s)
     row.hkv = hkv;
     row.q_len = q_len;
     row.kv_bytes = kv_bytes;
-    row.anchor = q_len == 1 ? (hkv == 1 ? bc.anchor_81 : bc.anchor_648) : -1;
     row.splits = 0;
+    row.hpc = -1;
+    row.hpc_diff = -1;
 
     cudaGraph_t g;
     cudaGraphExec_t plan_exec, dyn_exec, stat_exec, step_exec;
@@ -360,15 +429,51 @@ static Row run(const BenchCase &bc, int hq, int hkv, int q_len, cudaStream_t s)
     CK(cudaGraphInstantiate(&step_exec, g, 0));
     CK(cudaGraphDestroy(g));
 
-    /* dynamic and static side by side, block by block */
-    const cudaGraphExec_t pair[2] = {dyn_exec, stat_exec};
-    double t[2];
-    time_graphs(pair, 2, s, false, t);
+    /* HPC-Ops on the same pool, queries and table, into its own output */
+    cudaGraphExec_t hpc_exec = nullptr;
+    uint16_t *d_out3 = nullptr;
+#ifdef TKV_HAVE_HPCOPS
+    hpcops_decode *hpc = nullptr;
+    if (hpcops_decode_supported(hq / hkv, q_len)) {
+        CK(cudaMalloc((void **)&d_out3, qn * 2));
+        hpcops_decode_args ha = {nreq,       q_len,        hq,       hkv,
+                                 d_lens,     max_len,      d_table,  max_blocks,
+                                 total_blocks, d_q,        d_qs,     d_pool,
+                                 d_pool + lay.v_offset,    (int64_t)lay.block_stride,
+                                 (int64_t)lay.token_stride, (int64_t)D * 1,
+                                 a.k_scale,  a.v_scale,    d_out3};
+        hpc = hpcops_decode_create(&ha, s);
+        if (hpc) {
+            CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+            const int rc = hpcops_decode_run(hpc, s);
+            CK(cudaStreamEndCapture(s, &g));
+            if (rc == 0) {
+                CK(cudaGraphInstantiate(&hpc_exec, g, 0));
+            } else {
+                fprintf(stderr, "decode_bench: HPC-Ops launch failed (%s)\n", bc.name);
+            }
+            CK(cudaGraphDestroy(g));
+        } else {
+            fprintf(stderr, "decode_bench: HPC-Ops not run on %s %d/%d q_len %d (setup refused)\n",
+                    bc.name, hq, hkv, q_len);
+        }
+    }
+#endif
+    /* dynamic, static and HPC-Ops side by side, block by block */
+    const cudaGraphExec_t trio[3] = {dyn_exec, stat_exec, hpc_exec};
+    const int ntrio = hpc_exec ? 3 : 2;
+    double t[3];
+    time_graphs(trio, ntrio, s, false, t);
     row.dyn = t[0];
     row.stat = t[1];
-    time_graphs(pair, 2, s, true, t);
-    row.dyn_flushed = t[0];
-    row.stat_flushed = t[1];
+    if (hpc_exec)
+        row.hpc = t[2];
+    row.dyn_flushed = row.stat_flushed = -1;
+    if (!g_lean) {
+        time_graphs(trio, 2, s, true, t);
+        row.dyn_flushed = t[0];
+        row.stat_flushed = t[1];
+    }
     row.plan = time_graph(plan_exec, s, false);
     row.step = time_graph(step_exec, s, false);
 
@@ -401,6 +506,9 @@ static Row run(const BenchCase &bc, int hq, int hkv, int q_len, cudaStream_t s)
     for (int f = 0; f < 4; f++) {
         const int v = sweep_values()[f];
         row.sweep_static_us[f] = -1;
+        row.sweep_us[f] = -1;
+        if (g_lean)
+            continue;
         if (g_sweep == SWEEP_COMBINE) {
             /* dynamic and static with the same combine shape, side by side */
             tkvk__decode_tune(v);
@@ -425,12 +533,15 @@ static Row run(const BenchCase &bc, int hq, int hkv, int q_len, cudaStream_t s)
         }
     }
     tkvk__decode_tune(0);
-    row.m16 = (hq / hkv) * q_len <= 8 ? time_kernel(TKVK__DEC_WARP_M16, 0) : -1;
-    row.one = (hq / hkv) * q_len > 16 ? time_kernel(TKVK__DEC_WARP_ONE, 0) : -1;
-    row.cta = time_kernel(TKVK__DEC_CTA, 0);
+    row.m16 = !g_lean && (hq / hkv) * q_len <= 8 ? time_kernel(TKVK__DEC_WARP_M16, 0) : -1;
+    row.one = !g_lean && (hq / hkv) * q_len > 16 ? time_kernel(TKVK__DEC_WARP_ONE, 0) : -1;
+    row.cta = -1;
     /* dynamic, static and the CTA kernel must agree (all replayed on the same inputs) */
     std::vector<uint16_t> o_cta(qn);
-    CK(cudaMemcpy(o_cta.data(), d_out2, qn * 2, cudaMemcpyDeviceToHost));
+    if (!g_lean) {
+        row.cta = time_kernel(TKVK__DEC_CTA, 0);
+        CK(cudaMemcpy(o_cta.data(), d_out2, qn * 2, cudaMemcpyDeviceToHost));
+    }
     CK(cudaGraphLaunch(stat_exec, s));
     CK(cudaStreamSynchronize(s));
     std::vector<uint16_t> o1(qn), o2(qn);
@@ -439,11 +550,35 @@ static Row run(const BenchCase &bc, int hq, int hkv, int q_len, cudaStream_t s)
     double md = 0;
     for (size_t i = 0; i < qn; i++) {
         double x = tkvk_bf16_to_float(o1[i]), y = tkvk_bf16_to_float(o2[i]);
-        double e = fmax(fabs(x - y), fabs(x - tkvk_bf16_to_float(o_cta[i])));
+        double e = fabs(x - y);
+        if (!g_lean)
+            e = fmax(e, fabs(x - tkvk_bf16_to_float(o_cta[i])));
         if (!(e <= md))
             md = isnan(e) ? INFINITY : e;
     }
     row.max_diff = md;
+    if (hpc_exec) {
+        /* HPC-Ops rounds P to e4m3, so it differs from us by more than a bf16 step: the
+         * relative L2 distance says whether it computed the same attention */
+        std::vector<uint16_t> o3(qn);
+        CK(cudaGraphLaunch(hpc_exec, s));
+        CK(cudaStreamSynchronize(s));
+        CK(cudaMemcpy(o3.data(), d_out3, qn * 2, cudaMemcpyDeviceToHost));
+        double num = 0, den = 0;
+        for (size_t i = 0; i < qn; i++) {
+            double x = tkvk_bf16_to_float(o1[i]), y = tkvk_bf16_to_float(o3[i]);
+            num += (x - y) * (x - y);
+            den += x * x;
+        }
+        row.hpc_diff = den > 0 ? sqrt(num / den) : (num > 0 ? INFINITY : 0);
+        if (isnan(row.hpc_diff))
+            row.hpc_diff = INFINITY;
+        CK(cudaGraphExecDestroy(hpc_exec));
+    }
+#ifdef TKV_HAVE_HPCOPS
+    hpcops_decode_destroy(hpc);
+#endif
+    cudaFree(d_out3);
 
     CK(cudaGraphExecDestroy(plan_exec));
     CK(cudaGraphExecDestroy(dyn_exec));
@@ -466,7 +601,9 @@ int main(int argc, char **argv)
     bool json = false;
     std::string peer;
     const char *only_case = NULL;
-    int only_hq = 0, only_qlen = 0;
+    int only_hq = 0;
+    bool public_only = false;
+    std::vector<int> qlens = {1, 2, 3, 4, 5, 8};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json"))
             json = true;
@@ -474,8 +611,22 @@ int main(int argc, char **argv)
             only_case = argv[++i];
         else if (!strcmp(argv[i], "--hq") && i + 1 < argc)
             only_hq = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--qlen") && i + 1 < argc)
-            only_qlen = atoi(argv[++i]);
+        else if ((!strcmp(argv[i], "--qlen") || !strcmp(argv[i], "--qlens")) && i + 1 < argc) {
+            qlens.clear();
+            for (const char *c = argv[++i]; *c;) {
+                char *e;
+                long v = strtol(c, &e, 10);
+                if (e == c || v < 1 || v > 8) {
+                    fprintf(stderr, "decode_bench: --qlens takes query lengths 1..8, a,b,...\n");
+                    return 2;
+                }
+                qlens.push_back((int)v);
+                c = *e == ',' ? e + 1 : e;
+            }
+        } else if (!strcmp(argv[i], "--lean"))
+            g_lean = true;
+        else if (!strcmp(argv[i], "--public"))
+            public_only = true;
         else if (!strcmp(argv[i], "--combine"))
             g_sweep = SWEEP_COMBINE;
         else if (!strcmp(argv[i], "--warps"))
@@ -505,7 +656,7 @@ int main(int argc, char **argv)
         } else {
             fprintf(stderr, "usage: decode_bench [--json] [--peer FILE] [--quick] "
                             "[--combine | --warps] [--values a,b,c,d] [--case NAME] [--hq N] "
-                            "[--qlen N]\n");
+                            "[--qlens a,b,...] [--lean] [--public]\n");
             return 2;
         }
     }
@@ -527,41 +678,53 @@ int main(int argc, char **argv)
             "# D 128, P 64, FP8 KV per-tensor, FP8 Q per-token-head; us = median of %d graph "
             "replays\n",
             g_reps);
+    double rrate = read_rate(s);
+    fprintf(tab, "# HBM read rate %.0f GB/s (a read-only kernel over 4 GiB)%s\n", rrate / 1e9,
+#ifdef TKV_HAVE_HPCOPS
+            "; HPC-Ops built in (hpc_us)"
+#else
+            "; HPC-Ops not built in"
+#endif
+    );
     char label[64];
     if (g_values_set)
         snprintf(label, sizeof label, "%s %d/%d/%d/%d", kSweepKey[g_sweep], g_values[0],
                  g_values[1], g_values[2], g_values[3]);
     fprintf(tab,
-            "%-18s %5s %2s %8s %8s %8s %8s %8s %6s %6s %6s %7s %6s %6s %8s %8s %8s %8s %27s\n",
+            "%-20s %5s %2s %8s %8s %8s %8s %8s %5s %5s %6s %8s %6s %7s %6s %6s %8s %8s %8s %8s "
+            "%27s\n",
             "case", "heads", "q", "dyn_us", "stat_us", "dynL2f", "plan_us", "step_us", "hbm",
-            "xstat", "anchor", "xanchor", "fi_us", "xfi", "maxdiff", "cta_us", "m16_us",
-            "one_us", g_values_set ? label : kSweepLabel[g_sweep]);
+            "hbmrd", "xstat", "hpc_us", "xhpc", "hpcdiff", "fi_us", "xfi", "maxdiff", "cta_us",
+            "m16_us", "one_us", g_values_set ? label : kSweepLabel[g_sweep]);
     std::vector<Row> rows;
     const int heads[2][2] = {{8, 1}, {64, 8}};
-    for (int qi = 0; qi < 2; qi++)
+    for (int q_len : qlens)
         for (int hi = 0; hi < 2; hi++)
-            for (const BenchCase &bc : kCases) {
+            for (int ci = 0; ci < (int)(sizeof kCases / sizeof kCases[0]); ci++) {
+                const BenchCase &bc = kCases[ci];
                 if ((only_case && strcmp(only_case, bc.name)) ||
-                    (only_hq && only_hq != heads[hi][0]) || (only_qlen && only_qlen != (qi ? 4 : 1)))
+                    (only_hq && only_hq != heads[hi][0]) || (public_only && ci >= kPublicCases))
                     continue;
-                Row r = run(bc, heads[hi][0], heads[hi][1], qi ? 4 : 1, s);
+                Row r = run(bc, heads[hi][0], heads[hi][1], q_len, s);
                 r.hbm_fraction = r.kv_bytes / (r.dyn * 1e-6) / rate;
+                r.hbm_read_fraction = r.kv_bytes / (r.dyn * 1e-6) / rrate;
                 r.peer = peer_lookup(peer, r);
-                char heads_s[8], anchor_s[16], xa_s[16], fi_s[16], xfi_s[16];
+                char heads_s[8], hpc_s[16], xh_s[16], hd_s[16], fi_s[16], xfi_s[16];
                 snprintf(heads_s, sizeof heads_s, "%d/%d", r.hq, r.hkv);
-                snprintf(anchor_s, sizeof anchor_s, r.anchor > 0 ? "%.1f" : "-", r.anchor);
-                snprintf(xa_s, sizeof xa_s, r.anchor > 0 ? "%.2f" : "-", r.anchor / r.dyn);
+                snprintf(hpc_s, sizeof hpc_s, r.hpc > 0 ? "%.1f" : "-", r.hpc);
+                snprintf(xh_s, sizeof xh_s, r.hpc > 0 ? "%.2f" : "-", r.hpc / r.dyn);
+                snprintf(hd_s, sizeof hd_s, r.hpc_diff >= 0 ? "%.1e" : "-", r.hpc_diff);
                 snprintf(fi_s, sizeof fi_s, r.peer > 0 ? "%.1f" : "null", r.peer);
                 snprintf(xfi_s, sizeof xfi_s, r.peer > 0 ? "%.2f" : "-", r.peer / r.dyn);
                 fprintf(tab,
-                        "%-18s %5s %2d %8.1f %8.1f %8.1f %8.1f %8.1f %6.2f %6.2f %6s %7s %6s %6s "
-                        "%8.1e %8.1f %8.1f %8.1f %6.1f/%6.1f/%6.1f/%6.1f\n",
+                        "%-20s %5s %2d %8.1f %8.1f %8.1f %8.1f %8.1f %5.2f %5.2f %6.2f %8s %6s "
+                        "%7s %6s %6s %8.1e %8.1f %8.1f %8.1f %6.1f/%6.1f/%6.1f/%6.1f\n",
                         r.name.c_str(), heads_s, r.q_len, r.dyn, r.stat, r.dyn_flushed, r.plan,
-                        r.step, r.hbm_fraction, r.stat / r.dyn, anchor_s, xa_s, fi_s, xfi_s,
-                        r.max_diff, r.cta, r.m16, r.one, r.sweep_us[0], r.sweep_us[1],
-                        r.sweep_us[2], r.sweep_us[3]);
+                        r.step, r.hbm_fraction, r.hbm_read_fraction, r.stat / r.dyn, hpc_s, xh_s,
+                        hd_s, fi_s, xfi_s, r.max_diff, r.cta, r.m16, r.one, r.sweep_us[0],
+                        r.sweep_us[1], r.sweep_us[2], r.sweep_us[3]);
                 if (g_sweep == SWEEP_COMBINE)
-                    fprintf(tab, "%-18s static with the same combine shapes: %6.1f/%6.1f/%6.1f/%6.1f\n",
+                    fprintf(tab, "%-20s static with the same combine shapes: %6.1f/%6.1f/%6.1f/%6.1f\n",
                             "", r.sweep_static_us[0], r.sweep_static_us[1], r.sweep_static_us[2],
                             r.sweep_static_us[3]);
                 fflush(tab);
@@ -572,11 +735,15 @@ int main(int argc, char **argv)
         printf("[\n");
         for (size_t i = 0; i < rows.size(); i++) {
             const Row &r = rows[i];
-            char fi[32], st[160] = "";
+            char fi[32], hp[32], st[160] = "";
             if (r.peer > 0)
                 snprintf(fi, sizeof fi, "%.2f", r.peer);
             else
                 snprintf(fi, sizeof fi, "null");
+            if (r.hpc > 0)
+                snprintf(hp, sizeof hp, "%.2f", r.hpc);
+            else
+                snprintf(hp, sizeof hp, "null");
             if (g_sweep == SWEEP_COMBINE)
                 snprintf(st, sizeof st,
                          ", \"static_combine_us\": {\"%d\": %.2f, \"%d\": %.2f, \"%d\": %.2f, "
@@ -584,15 +751,17 @@ int main(int argc, char **argv)
                          sv[0], r.sweep_static_us[0], sv[1], r.sweep_static_us[1], sv[2],
                          r.sweep_static_us[2], sv[3], r.sweep_static_us[3]);
             printf("  {\"case\": \"%s\", \"hq\": %d, \"hkv\": %d, \"q_len\": %d, \"kv_bytes\": %.0f, "
-                   "\"dynamic_us\": %.2f, \"static_us\": %.2f, \"flashinfer_us\": %s, "
+                   "\"dynamic_us\": %.2f, \"static_us\": %.2f, \"hpcops_us\": %s, "
+                   "\"hpcops_rel_l2\": %.3g, \"flashinfer_us\": %s, "
                    "\"dynamic_flushed_us\": %.2f, \"static_flushed_us\": %.2f, \"plan_us\": %.2f, "
-                   "\"step_us\": %.2f, \"hbm_fraction\": %.3f, \"copy_rate_gbs\": %.1f, "
+                   "\"step_us\": %.2f, \"hbm_fraction\": %.3f, \"hbm_read_fraction\": %.3f, "
+                   "\"copy_rate_gbs\": %.1f, \"read_rate_gbs\": %.1f, "
                    "\"dyn_vs_static_max_abs_diff\": %.3g, \"dynamic_cta_kernel_us\": %.2f, "
                    "\"dynamic_m16_us\": %.2f, \"dynamic_one_warp_us\": %.2f, "
                    "\"%s\": {\"%d\": %.2f, \"%d\": %.2f, \"%d\": %.2f, \"%d\": %.2f}%s}%s\n",
-                   r.name.c_str(), r.hq, r.hkv, r.q_len, r.kv_bytes, r.dyn, r.stat, fi,
-                   r.dyn_flushed, r.stat_flushed, r.plan, r.step, r.hbm_fraction, rate / 1e9,
-                   r.max_diff, r.cta, r.m16, r.one,
+                   r.name.c_str(), r.hq, r.hkv, r.q_len, r.kv_bytes, r.dyn, r.stat, hp,
+                   r.hpc_diff, fi, r.dyn_flushed, r.stat_flushed, r.plan, r.step, r.hbm_fraction,
+                   r.hbm_read_fraction, rate / 1e9, rrate / 1e9, r.max_diff, r.cta, r.m16, r.one,
                    kSweepKey[g_sweep], sv[0],
                    r.sweep_us[0], sv[1], r.sweep_us[1], sv[2], r.sweep_us[2], sv[3],
                    r.sweep_us[3], st, i + 1 < rows.size() ? "," : "");

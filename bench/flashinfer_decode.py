@@ -6,20 +6,20 @@ Same cases, head dims, page size and KV bytes as decode_bench (head dim 128, 64 
 FP8 e4m3 K/V with per-tensor scales, Hq/Hkv 8/1 and 64/8). FlashInfer's layout differs from
 tierkv's (separate K and V caches, NHD), so the KV is built in its layout once, outside the
 timing, with random finite e4m3 bytes. Q is BF16: FlashInfer's decode takes no FP8 Q with
-per-token-head scales. Its decode wrapper serves one query token per request, so query length
-4 (speculative verify) runs its paged prefill wrapper (BatchPrefillWithPagedKVCacheWrapper,
+per-token-head scales. Its decode wrapper serves one query token per request, so query lengths
+2..8 (speculative verify) run its paged prefill wrapper (BatchPrefillWithPagedKVCacheWrapper,
 causal, FA2 backend: the one that takes BF16 Q over FP8 KV), as an engine would.
 
 Method (decode_bench's): plan() outside the timing; one run() captured in a CUDA graph; 5 warm-up
 replays; 50 replays each between its own CUDA events; the median. Both of FlashInfer's decode
 kernels are timed (use_tensor_cores False and True, the second its choice for large GQA groups)
 and the faster is the peer's figure, its kernel named in "flashinfer_kernel" ("prefill" for
-query length 4).
+query lengths above 1).
 
 FlashInfer compiles its kernels on first use (nvcc, a minute or more per kernel); those
 compilations happen before any timing. Its wheels come from scripts/peer-wheels.
 
-Usage: python3 bench/flashinfer_decode.py [--out FILE]   (JSON list; feed it to
+Usage: python3 bench/flashinfer_decode.py [--out FILE] [--qlens a,b,...]   (JSON list; feed it to
 decode_bench --peer FILE). Exit 77 when flashinfer or a GPU is missing.
 """
 import argparse
@@ -37,7 +37,11 @@ CASES = [
     ("1x65536+31x4096", [(1, 65536), (31, 4096)]),
     ("1x131072+31x4096", [(1, 131072), (31, 4096)]),
     ("2x32768+30x4096", [(2, 32768), (30, 4096)]),
+    ("256x333", [(256, 333)]),
+    ("1x200003+63x97", [(1, 200003), (63, 97)]),
+    ("7x4097+9x1023+16x257", [(7, 4097), (9, 1023), (16, 257)]),
 ]
+Q_LENS = (1, 2, 3, 4, 5, 8)
 HEADS = [(8, 1), (64, 8)]
 HEAD_DIM = 128
 PAGE = 64
@@ -117,7 +121,10 @@ def run_case(flashinfer, torch, parts, hq, hkv, q_len, tensor_cores):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="-")
+    ap.add_argument("--qlens", default=",".join(map(str, Q_LENS)),
+                    help="query lengths to run, a,b,... (default: decode_bench's)")
     args = ap.parse_args()
+    q_lens = [int(x) for x in args.qlens.split(",")]
     try:
         import torch
         import flashinfer
@@ -128,7 +135,7 @@ def main():
         print("flashinfer_decode: no GPU; skipped", file=sys.stderr)
         return 77
     rows = []
-    for q_len in (1, 4):
+    for q_len in q_lens:
         for hq, hkv in HEADS:
             for name, parts in CASES:
                 us, kernel = None, None

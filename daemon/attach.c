@@ -44,10 +44,18 @@ struct tkvd_attach {
     bool allow_writable;  /* trusted peers (same uid or root) may map L2 writable */
     bool have_gpu;
     tkv_attach_gpu gpu;   /* sent after the reply when have_gpu */
+    const tkvd_tenants *tenants; /* NULL or empty: no tenants */
     tkvd_fast *fast;      /* serves fast-path connections; NULL = none offered */
     uint64_t *fast_done;  /* client ids whose fast connection ended (guarded by mu) */
     size_t num_fast_done, cap_fast_done;
 };
+
+void tkvd_attach_set_tenants(tkvd_attach *a, const tkvd_tenants *t)
+{
+    pthread_mutex_lock(&a->mu);
+    a->tenants = t;
+    pthread_mutex_unlock(&a->mu);
+}
 
 void tkvd_attach_serve_fast(tkvd_attach *a, tkvd_fast *f)
 {
@@ -168,6 +176,35 @@ static bool on_hello(tkvd_attach *a, size_t i)
         reject(a, c->fd, TKV_EINVAL, "unknown hello flags 0x%x", h.flags & ~known);
         return false;
     }
+    uint64_t tag = 0;
+    pthread_mutex_lock(&a->mu);
+    const tkvd_tenants *ts = a->tenants;
+    pthread_mutex_unlock(&a->mu);
+    if (tkvd_tenants_enabled(ts)) {
+        struct ucred cred;
+        socklen_t cl = sizeof(cred);
+        if (getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0) {
+            reject(a, c->fd, TKV_EIO, "cannot read the peer's credentials: %s", strerror(errno));
+            return false;
+        }
+        tkvd_identity peer = {.has_ucred = true, .uid = cred.uid, .gid = cred.gid, .pid = cred.pid};
+        const tkvd_tenant *t = tkvd_tenant_of_peer(ts, &peer);
+        if (!t) {
+            atomic_fetch_add_explicit(&a->metrics->tenant_denied[0], 1, memory_order_relaxed);
+            reject(a, c->fd, TKV_EINVAL, "uid %u / gid %u is no tenant of this daemon",
+                   (unsigned)cred.uid, (unsigned)cred.gid);
+            return false;
+        }
+        if (!t->map_pool) {
+            atomic_fetch_add_explicit(&a->metrics->tenant_denied[t->index + 1], 1,
+                                      memory_order_relaxed);
+            reject(a, c->fd, TKV_EINVAL, "tenant %s may not map the shared pools (they hold "
+                   "every tenant's blocks): use put/get by value, or set tenant.%s.map_pool = on "
+                   "for a trusted engine", t->name, t->name);
+            return false;
+        }
+        tag = tkvd_tenant_tag(t);
+    }
     bool writable = false;
     if (h.flags & TKV_ATTACH_HELLO_WRITABLE) {
         struct ucred cred;
@@ -195,7 +232,7 @@ static bool on_hello(tkvd_attach *a, size_t i)
     /* The id is live and counted before the client can learn it: a Lookup or Stats sent
      * right after the reply must find its owner registered and itself connected. */
     pthread_mutex_lock(&a->mu);
-    rep.client_id = a->next_id++;
+    rep.client_id = tag | (a->next_id++ & ((UINT64_C(1) << TKVD_OWNER_TAG_SHIFT) - 1));
     c->client_id = rep.client_id;
     pthread_mutex_unlock(&a->mu);
     atomic_fetch_add_explicit(&a->metrics->clients_connected, 1, memory_order_relaxed);

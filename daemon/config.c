@@ -73,7 +73,7 @@ static const key_def kKeys[] = {
     {"write_through", K_BOOL, OFF(write_through), 0, 1, NULL,
      "write every stored block down to L3 (default on)"},
     {"policy", K_STR, OFF(policy), 1, 63, NULL,
-     "eviction policy: hazard, tierkv or lru (default hazard)"},
+     "eviction policy: hazard or lru (default hazard)"},
     {"store_workers", K_U32, OFF(store_workers), 1, 64, NULL, "store worker threads (default 4)"},
     {"lease_ttl_ms", K_U32, OFF(lease_ttl_ms), 1, 86400000, NULL,
      "default lease time-to-live (default 30000)"},
@@ -111,6 +111,8 @@ static const key_def kKeys[] = {
     {"grpc_tcp", K_STR, OFF(grpc_tcp), 0, 255, NULL, "also serve gRPC on host:port (default off)"},
     {"tls_cert", K_STR, OFF(tls_cert), 0, PATH_MAX - 1, NULL, "PEM certificate chain for grpc_tcp"},
     {"tls_key", K_STR, OFF(tls_key), 0, PATH_MAX - 1, NULL, "PEM private key for grpc_tcp"},
+    {"tls_client_ca", K_STR, OFF(tls_client_ca), 0, PATH_MAX - 1, NULL,
+     "PEM CA bundle: TCP clients must present a certificate it signed (default: none asked)"},
     {"attach_socket", K_STR, OFF(attach_socket), 0, 107, NULL,
      "shared-memory attach socket (default <run_dir>/attach.sock)"},
     {"attach_writable", K_BOOL, OFF(attach_writable), 0, 1, NULL,
@@ -286,6 +288,7 @@ void tkvd_config_init(tkvd_config *c)
     c->grpc_tcp = tkv_xstrdup("");
     c->tls_cert = tkv_xstrdup("");
     c->tls_key = tkv_xstrdup("");
+    c->tls_client_ca = tkv_xstrdup("");
     c->attach_socket = tkv_xstrdup("");
     c->http_enabled = true;
     c->http_address = tkv_xstrdup("127.0.0.1");
@@ -308,6 +311,7 @@ void tkvd_config_free(tkvd_config *c)
             *slot = NULL;
         }
     }
+    tkvd_tenants_free(&c->tenants);
 }
 
 /* ---- setting one key ------------------------------------------------------------------------ */
@@ -326,6 +330,21 @@ bool tkvd_config_key_is_bool(const char *key)
 int tkvd_config_set(tkvd_config *c, const char *key, const char *value, const char *origin,
                     char *err, size_t err_len)
 {
+    if (strncmp(key, "tenant.", 7) == 0) {
+        /* tenant.<name>.<field>: the field follows the last dot (names may hold dots). */
+        const char *rest = key + 7, *dot = strrchr(rest, '.');
+        if (!dot || dot == rest || !dot[1]) {
+            set_err(err, err_len, "%s: '%s' is not tenant.<name>.<field>", origin, key);
+            return TKV_EINVAL;
+        }
+        char name[TKVD_TENANT_NAME_MAX + 2];
+        size_t nlen = (size_t)(dot - rest);
+        if (nlen >= sizeof(name))
+            nlen = sizeof(name) - 1; /* too long either way: the tenant table says so */
+        memcpy(name, rest, nlen);
+        name[nlen] = 0;
+        return tkvd_tenants_set(&c->tenants, name, dot + 1, value, origin, err, err_len);
+    }
     const key_def *k = find_key(key);
     if (!k) {
         set_err(err, err_len, "%s: unknown key '%s' (see tierkvd --help)", origin, key);
@@ -584,6 +603,18 @@ int tkvd_config_finish(tkvd_config *c, char *err, size_t err_len)
             return TKV_EINVAL;
         }
     }
+    if (*c->tls_client_ca && !*c->tls_cert) {
+        set_err(err, err_len, "tls_client_ca needs tls_cert/tls_key (client certificates are "
+                "checked in the TLS handshake)");
+        return TKV_EINVAL;
+    }
+    if (*c->tls_client_ca && access(c->tls_client_ca, R_OK) != 0) {
+        set_err(err, err_len, "tls_client_ca: cannot read '%s': %s", c->tls_client_ca,
+                strerror(errno));
+        return TKV_EINVAL;
+    }
+    if (tkvd_tenants_finish(&c->tenants, err, err_len) != TKV_OK)
+        return TKV_EINVAL;
     if (*c->grpc_tcp && !strchr(c->grpc_tcp, ':')) {
         set_err(err, err_len, "grpc_tcp: '%s' is not host:port", c->grpc_tcp);
         return TKV_EINVAL;
@@ -664,6 +695,7 @@ void tkvd_config_print(const tkvd_config *c, FILE *f)
         print_value(c, &kKeys[i], f);
         fputc('\n', f);
     }
+    tkvd_tenants_print(&c->tenants, f);
 }
 
 /* ---- the shared tier ------------------------------------------------------------------------ */

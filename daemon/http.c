@@ -319,6 +319,22 @@ static void render_metrics(const tkvd_http_source *src, const http_snapshot *s, 
     prom_u64(b, "tierkv_clients_total", "counter", "Attach-socket connections accepted.",
              s->clients_total);
 
+    if (tkvd_tenants_enabled(src->tenants)) {
+        const tkvd_tenants *ts = src->tenants;
+        prom_family(b, "tierkv_tenant_rpcs_total", "counter", "RPCs admitted, per tenant.");
+        for (size_t i = 0; i < ts->n; i++)
+            buf_printf(b, "tierkv_tenant_rpcs_total{tenant=\"%s\"} %" PRIu64 "\n", ts->v[i]->name,
+                       atomic_load_explicit(&src->metrics->tenant_rpcs[i + 1], memory_order_relaxed));
+        prom_family(b, "tierkv_tenant_denied_total", "counter",
+                    "Calls and attaches refused for tenant reasons (forged namespace, another "
+                    "tenant's id, no tenant), per tenant; \"\" = callers that are no tenant.");
+        buf_printf(b, "tierkv_tenant_denied_total{tenant=\"\"} %" PRIu64 "\n",
+                   atomic_load_explicit(&src->metrics->tenant_denied[0], memory_order_relaxed));
+        for (size_t i = 0; i < ts->n; i++)
+            buf_printf(b, "tierkv_tenant_denied_total{tenant=\"%s\"} %" PRIu64 "\n", ts->v[i]->name,
+                       atomic_load_explicit(&src->metrics->tenant_denied[i + 1], memory_order_relaxed));
+    }
+
     prom_family(b, "tierkv_lookup_duration_seconds", "histogram",
                 "Lookup RPC latency, from request to answer.");
     uint64_t cum = 0;

@@ -490,6 +490,7 @@ static int start_servers(daemon_state *d)
                           &d->attach) != TKV_OK)
         return EXIT_RUNTIME;
     tkvd_attach_allow_writable(d->attach, cfg->attach_writable);
+    tkvd_attach_set_tenants(d->attach, &cfg->tenants);
     if (d->gpu) {
         tkv_attach_gpu info;
         tkvd_gpu_attach_info(d->gpu, &info);
@@ -513,6 +514,7 @@ static int start_servers(daemon_state *d)
         .tcp_addr = cfg->grpc_tcp,
         .tls_cert_file = cfg->tls_cert,
         .tls_key_file = cfg->tls_key,
+        .tls_client_ca_file = cfg->tls_client_ca,
         .cq_threads = cfg->cq_threads,
         .workers = cfg->rpc_workers,
         .max_recv_bytes = tkvd_service_max_recv_bytes(cfg),
@@ -534,6 +536,7 @@ static int start_servers(daemon_state *d)
         .geometry = &d->cfg.geometry,
         .policy_name = cfg->policy,
         .version = TKVD_VERSION,
+        .tenants = &cfg->tenants,
         .l4 = d->l4,
     };
     if (cfg->http_enabled) {

@@ -14,17 +14,22 @@
 #include "tkvd_server.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
+#include <grpc/grpc_posix.h>
 #include <grpc/grpc_security.h>
 #include <grpc/slice.h>
 #include <grpc/support/alloc.h>
@@ -59,6 +64,8 @@ typedef struct rpc {
     int cancelled;
     bool md_sent;
     tkvd_reply reply;
+    bool has_cred;             /* SO_PEERCRED, read as the call arrives (arrival_cred) */
+    uint32_t uid, gid, pid;
     /* streaming handshake with the queue thread */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -70,6 +77,13 @@ struct tkvd_server {
     tkvd_server_opts o;
     tkvd_method *methods;
     void **handles;            /* registered method handles */
+    /* The UNIX listener is the daemon's own: each accepted connection is handed to core with
+     * grpc_server_add_channel_from_fd, whose calls report the peer "fd:<n>" -- the socket
+     * SO_PEERCRED is read from (core's own UNIX listener exposes no peer credentials). */
+    int unix_fd, unix_wake;
+    pthread_t unix_thread;
+    bool unix_started;
+    bool verify_clients;       /* TLS asks for and verifies client certificates */
     grpc_server *server;
     grpc_completion_queue **cqs;
     pthread_t *cq_threads;
@@ -219,29 +233,67 @@ static void copy_bounded(char *dst, size_t cap, const char *src, size_t n)
     dst[n] = '\0';
 }
 
-/* Who sent the call: the peer address, the TLS client certificate's CN, a bearer token. */
+/* A UNIX peer's credentials, read on the queue thread as the call arrives: the peer string
+ * names the connection's fd only while it is open, so it is read before anything else can
+ * happen. uid/gid/pid are the kernel's (SO_PEERCRED), not the client's word. */
+static void arrival_cred(rpc *r)
+{
+    char *p = grpc_call_get_peer(r->call);
+    if (p && strncmp(p, "fd:", 3) == 0) {
+        char *end;
+        long fd = strtol(p + 3, &end, 10);
+        struct ucred uc;
+        socklen_t ul = sizeof(uc);
+        int domain = 0;
+        socklen_t dl = sizeof(domain);
+        if (!*end && fd >= 0 && fd <= INT32_MAX &&
+            getsockopt((int)fd, SOL_SOCKET, SO_DOMAIN, &domain, &dl) == 0 && domain == AF_UNIX &&
+            getsockopt((int)fd, SOL_SOCKET, SO_PEERCRED, &uc, &ul) == 0 && uc.pid > 0) {
+            r->has_cred = true;
+            r->uid = uc.uid;
+            r->gid = uc.gid;
+            r->pid = (uint32_t)uc.pid;
+        }
+    }
+    gpr_free(p);
+}
+
+/* Who sent the call: the peer address and credentials, the verified TLS client certificate's
+ * subject, a bearer token. */
 static void call_peer(rpc *r, tkvd_call_info *ci)
 {
     char *peer = grpc_call_get_peer(r->call);
     if (peer) {
         copy_bounded(ci->peer, sizeof(ci->peer), peer, strlen(peer));
-        ci->is_unix = strncmp(peer, "unix:", 5) == 0;
+        /* "fd:" = a connection of the daemon's own UNIX listener */
+        ci->is_unix = strncmp(peer, "unix:", 5) == 0 || strncmp(peer, "fd:", 3) == 0;
         gpr_free(peer);
     }
-    grpc_auth_context *ac = grpc_call_auth_context(r->call);
+    ci->has_cred = r->has_cred;
+    ci->uid = r->uid;
+    ci->gid = r->gid;
+    ci->pid = r->pid;
+    /* Only a certificate the handshake verified against tls_client_ca names anyone. */
+    grpc_auth_context *ac = r->srv->verify_clients ? grpc_call_auth_context(r->call) : NULL;
     if (ac) {
         grpc_auth_property_iterator it =
-            grpc_auth_context_find_properties_by_name(ac, GRPC_X509_CN_PROPERTY_NAME);
+            grpc_auth_context_find_properties_by_name(ac, GRPC_X509_SUBJECT_PROPERTY_NAME);
         const grpc_auth_property *p = grpc_auth_property_iterator_next(&it);
-        if (p)
+        /* A subject too long to keep whole names nobody (a cut one could match another). */
+        if (p && p->value_length < sizeof(ci->tls_subject))
             copy_bounded(ci->tls_subject, sizeof(ci->tls_subject), p->value, p->value_length);
         grpc_auth_context_release(ac);
     }
     for (size_t i = 0; i < r->md.count; i++) {
         const grpc_metadata *md = &r->md.metadata[i];
         if (grpc_slice_str_cmp(md->key, "authorization") == 0) {
-            copy_bounded(ci->token, sizeof(ci->token), (const char *)GRPC_SLICE_START_PTR(md->value),
-                         GRPC_SLICE_LENGTH(md->value));
+            /* Too long to keep whole: kept as a token no tenant has, so it is refused rather
+             * than ignored. */
+            if (GRPC_SLICE_LENGTH(md->value) < sizeof(ci->token))
+                copy_bounded(ci->token, sizeof(ci->token), (const char *)GRPC_SLICE_START_PTR(md->value),
+                             GRPC_SLICE_LENGTH(md->value));
+            else
+                copy_bounded(ci->token, sizeof(ci->token), "Bearer \x01", 8);
             break;
         }
     }
@@ -381,6 +433,7 @@ static void *cq_main(void *arg)
                 break;
             }
             arm(s, r->iq, r->im);
+            arrival_cred(r);
             if (r->im == kGenericMethod) {
                 char method[128];
                 size_t n = GRPC_SLICE_LENGTH(r->details_in.method);
@@ -452,6 +505,77 @@ static char *read_file(const char *path, char *err, size_t err_len)
     return buf;
 }
 
+static void *unix_accept_main(void *arg)
+{
+    tkvd_server *s = arg;
+    for (;;) {
+        struct pollfd pf[2] = {{.fd = s->unix_fd, .events = POLLIN}, {.fd = s->unix_wake, .events = POLLIN}};
+        if (poll(pf, 2, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            TKV_LOG(TKV_LOG_ERROR, "grpc: poll on the UNIX listener: %s", strerror(errno));
+            return NULL;
+        }
+        if (pf[1].revents)
+            return NULL;
+        int fd = accept4(s->unix_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) {
+            if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+                TKV_LOG(TKV_LOG_WARN, "grpc: accept on the UNIX listener: %s", strerror(errno));
+            if (errno == EMFILE || errno == ENFILE)
+                usleep(10000); /* out of descriptors: let calls finish before trying again */
+            continue;
+        }
+        grpc_server_credentials *c = grpc_insecure_server_credentials_create();
+        grpc_server_add_channel_from_fd(s->server, fd, c); /* core owns fd from here */
+        grpc_server_credentials_release(c);
+    }
+}
+
+static int listen_unix(tkvd_server *s, const char *path)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof(sa.sun_path)) {
+        TKV_LOG(TKV_LOG_ERROR, "grpc: UNIX socket path too long: %s", path);
+        return TKV_EIO;
+    }
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    s->unix_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    s->unix_wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (s->unix_fd < 0 || s->unix_wake < 0) {
+        TKV_LOG(TKV_LOG_ERROR, "grpc: socket: %s", strerror(errno));
+        return TKV_EIO;
+    }
+    unlink(path); /* a stale socket of a dead daemon (the pid file proved it dead) */
+    if (bind(s->unix_fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(s->unix_fd, 512) != 0) {
+        TKV_LOG(TKV_LOG_ERROR, "grpc: cannot listen on unix:%s: %s", path, strerror(errno));
+        return TKV_EIO;
+    }
+    TKV_LOG(TKV_LOG_INFO, "grpc: listening on unix:%s", path);
+    return TKV_OK;
+}
+
+/* Stops taking UNIX connections (before core's shutdown, so none is added after it). */
+static void stop_unix(tkvd_server *s)
+{
+    if (s->unix_started) {
+        uint64_t one = 1;
+        if (write(s->unix_wake, &one, sizeof(one)) != sizeof(one))
+            TKV_LOG(TKV_LOG_WARN, "grpc: wake-up write failed: %s", strerror(errno));
+        pthread_join(s->unix_thread, NULL);
+        s->unix_started = false;
+    }
+    if (s->unix_fd >= 0) {
+        close(s->unix_fd);
+        s->unix_fd = -1;
+        unlink(s->o.unix_path);
+    }
+    if (s->unix_wake >= 0) {
+        close(s->unix_wake);
+        s->unix_wake = -1;
+    }
+}
+
 static int add_port(tkvd_server *s, const char *addr, grpc_server_credentials *creds)
 {
     int port = grpc_server_add_http2_port(s->server, addr, creds);
@@ -503,9 +627,10 @@ int tkvd_server_start(const tkvd_server_opts *o, tkvd_server **out)
     TKV_ASSERT(o->unix_path && o->cq_threads > 0 && o->workers > 0 && o->num_methods > 0);
     TKV_ASSERT(o->max_recv_bytes <= INT32_MAX && o->max_send_bytes <= INT32_MAX);
     int rc = TKV_EIO;
-    char *cert = NULL, *key = NULL;
+    char *cert = NULL, *key = NULL, *ca = NULL;
     grpc_init();
     tkvd_server *s = tkv_xcalloc(1, sizeof(*s));
+    s->unix_fd = s->unix_wake = -1;
     s->o = *o;
     s->methods = tkv_xcalloc(o->num_methods, sizeof(*s->methods));
     memcpy(s->methods, o->methods, o->num_methods * sizeof(*s->methods));
@@ -547,10 +672,7 @@ int tkvd_server_start(const tkvd_server_opts *o, tkvd_server **out)
         TKV_ASSERT(s->handles[i]);
     }
 
-    char addr[512];
-    snprintf(addr, sizeof(addr), "unix:%s", o->unix_path);
-    unlink(o->unix_path); /* a stale socket of a dead daemon (the pid file proved it dead) */
-    if (add_port(s, addr, grpc_insecure_server_credentials_create()) != TKV_OK)
+    if (listen_unix(s, o->unix_path) != TKV_OK)
         goto fail;
     if (o->tcp_addr && *o->tcp_addr) {
         grpc_server_credentials *creds;
@@ -562,8 +684,22 @@ int tkvd_server_start(const tkvd_server_opts *o, tkvd_server **out)
                 TKV_LOG(TKV_LOG_ERROR, "grpc: TLS: %s", why);
                 goto fail;
             }
+            if (o->tls_client_ca_file && *o->tls_client_ca_file) {
+                ca = read_file(o->tls_client_ca_file, why, sizeof(why));
+                if (!ca) {
+                    TKV_LOG(TKV_LOG_ERROR, "grpc: TLS: %s", why);
+                    goto fail;
+                }
+                s->verify_clients = true;
+            }
             grpc_ssl_pem_key_cert_pair pair = {.private_key = key, .cert_chain = cert};
-            creds = grpc_ssl_server_credentials_create(NULL, &pair, 1, 0, NULL);
+            /* With a client CA the handshake itself refuses a peer without a certificate
+             * that CA signed: no call of such a peer ever reaches a handler. */
+            creds = grpc_ssl_server_credentials_create_ex(
+                ca, &pair, 1,
+                ca ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                   : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+                NULL);
             if (!creds) {
                 TKV_LOG(TKV_LOG_ERROR, "grpc: TLS: cannot use %s / %s", o->tls_cert_file,
                         o->tls_key_file);
@@ -576,6 +712,8 @@ int tkvd_server_start(const tkvd_server_opts *o, tkvd_server **out)
             goto fail;
     }
     grpc_server_start(s->server);
+    TKV_ASSERT(pthread_create(&s->unix_thread, NULL, unix_accept_main, s) == 0);
+    s->unix_started = true;
 
     /* A thread that cannot be created is out-of-resources: the one OOM policy (abort). */
     for (unsigned i = 0; i < o->workers; i++) {
@@ -596,6 +734,7 @@ int tkvd_server_start(const tkvd_server_opts *o, tkvd_server **out)
     }
     free(cert);
     free(key);
+    free(ca);
     *out = s;
     return TKV_OK;
 
@@ -619,6 +758,8 @@ fail:
     }
     free(cert);
     free(key);
+    free(ca);
+    stop_unix(s);
     free_server(s);
     return rc;
 }
@@ -646,6 +787,7 @@ void tkvd_server_stop(tkvd_server *s)
 {
     if (!s)
         return;
+    stop_unix(s);
     /* No new calls from here; in-flight ones run to their end (the drain), then the tag. */
     grpc_server_shutdown_and_notify(s->server, s->cqs[0], &s->t_shutdown);
     if (!wait_shutdown(s, s->o.drain_timeout_ms)) {

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "tierkv.pb-c.h"
 #include "tkv_attach.h"
@@ -94,6 +95,102 @@ static void hex_prefix(const uint8_t *b, size_t n, char *out)
     out[2 * n] = 0;
 }
 
+/* ---- tenants ----------------------------------------------------------------------------------- */
+
+/* A refusal for tenant reasons (PERMISSION_DENIED, or NOT_FOUND where existence must not be
+ * revealed), counted per tenant (tierkv_tenant_denied_total) and logged at most once a second,
+ * so a client hammering the daemon with forged requests cannot flood the log. */
+static bool deny(tkvd_call *k, grpc_status_code code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static bool deny(tkvd_call *k, grpc_status_code code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(k->msg, sizeof(k->msg), fmt, ap);
+    va_end(ap);
+    k->code = code;
+    tkvd_metrics *m = k->svc->metrics;
+    atomic_fetch_add_explicit(&m->tenant_denied[k->tenant ? k->tenant->index + 1 : 0], 1,
+                              memory_order_relaxed);
+    uint64_t now_ms = tkv_now_ns() / 1000000u;
+    uint64_t last = atomic_load_explicit(&m->deny_log_ms, memory_order_relaxed);
+    if (now_ms - last >= 1000 && atomic_compare_exchange_strong(&m->deny_log_ms, &last, now_ms)) {
+        uint64_t held = atomic_exchange(&m->deny_log_held, 0);
+        TKV_LOG(TKV_LOG_WARN, "refused a call of tenant %s (uid %d pid %d, %s): %s (%" PRIu64
+                " more refusals since the last line)", k->tenant ? k->tenant->name : "(none)",
+                k->peer.has_cred ? (int)k->peer.uid : -1, k->peer.has_cred ? (int)k->peer.pid : -1,
+                k->peer.addr, k->msg, held);
+    } else {
+        atomic_fetch_add_explicit(&m->deny_log_held, 1, memory_order_relaxed);
+    }
+    return false;
+}
+
+/* With tenants configured: who the peer proved to be (k->tenant), or a refusal. Health answers
+ * anyone who can reach a socket (it shows nothing of any tenant); ListBlocks, Flush and Verify
+ * act on every tenant's blocks and are for admin tenants. */
+static bool admit(tkvd_call *k, const char *path)
+{
+    const tkvd_tenants *ts = &k->svc->cfg->tenants;
+    if (!tkvd_tenants_enabled(ts) || strcmp(path, "/tierkv.v1.Cache/Health") == 0)
+        return true;
+    tkvd_identity id = {.has_ucred = k->peer.has_cred, .uid = k->peer.uid, .gid = k->peer.gid,
+                        .pid = (pid_t)k->peer.pid};
+    if (k->peer.tls_subject[0])
+        id.tls_subject = k->peer.tls_subject;
+    if (k->peer.token[0]) {
+        /* `authorization: Bearer <token>`; any other form presents a token nobody has */
+        const char *t = k->peer.token;
+        if (strncasecmp(t, "Bearer ", 7) == 0)
+            t += 7;
+        else
+            t = "";
+        id.token = t;
+        id.token_len = strlen(t);
+    }
+    k->tenant = tkvd_tenant_of_peer(ts, &id);
+    if (!k->tenant) {
+        char who[160];
+        if (id.token)
+            snprintf(who, sizeof(who), "bearer token matches none");
+        else if (id.tls_subject)
+            snprintf(who, sizeof(who), "client certificate subject '%.100s' matches none",
+                     id.tls_subject);
+        else if (id.has_ucred)
+            snprintf(who, sizeof(who), "uid %u / gid %u match none", (unsigned)id.uid,
+                     (unsigned)id.gid);
+        else
+            snprintf(who, sizeof(who), "no identity proven");
+        return deny(k, GRPC_STATUS_PERMISSION_DENIED,
+                    "no tenant for this caller (%s): see the tenant.* keys in the daemon's config",
+                    who);
+    }
+    atomic_fetch_add_explicit(&k->svc->metrics->tenant_rpcs[k->tenant->index + 1], 1,
+                              memory_order_relaxed);
+    static const char *const kAdminOnly[] = {"/tierkv.v1.Cache/ListBlocks",
+                                             "/tierkv.v1.Cache/Flush", "/tierkv.v1.Cache/Verify"};
+    for (size_t i = 0; i < sizeof(kAdminOnly) / sizeof(kAdminOnly[0]); i++)
+        if (strcmp(path, kAdminOnly[i]) == 0 && !k->tenant->admin)
+            return deny(k, GRPC_STATUS_PERMISSION_DENIED,
+                        "%s acts on every tenant's blocks: tenant %s is not an admin tenant",
+                        path + strlen("/tierkv.v1.Cache/"), k->tenant->name);
+    return true;
+}
+
+/* A lease or allocation id another tenant's call made is answered as if it did not exist
+ * (the answer must not tell B that A holds lease N), and counted as a refusal. */
+static bool check_owned(tkvd_call *k, uint64_t lease_id, uint64_t alloc_id, const char *what)
+{
+    if (!k->tenant || (!lease_id && !alloc_id))
+        return true;
+    uint64_t owner = 0;
+    int rc = lease_id ? tkv_store_lease_owner(k->svc->store, lease_id, &owner)
+                      : tkv_store_alloc_owner(k->svc->store, alloc_id, &owner);
+    if (rc != TKV_OK || tkvd_tenant_owns(k->tenant, owner))
+        return true; /* the handler reports a missing id itself */
+    return deny(k, GRPC_STATUS_NOT_FOUND, "%s: not found (unknown, released or ended)", what);
+}
+
 /* Checks the request's scope; on failure fails the call and returns false. */
 static bool check_scope(tkvd_call *k, const Tierkv__V1__BlockScope *scope)
 {
@@ -120,6 +217,16 @@ static bool check_scope(tkvd_call *k, const Tierkv__V1__BlockScope *scope)
     if (strlen(scope->namespace_) > kMaxNamespaceBytes)
         return fail_with(k, GRPC_STATUS_INVALID_ARGUMENT, "scope.namespace: %zu bytes, at most %d",
                          strlen(scope->namespace_), kMaxNamespaceBytes);
+    /* With tenants the namespace is the caller's tenant: a request may leave it empty or name
+     * it, never another. */
+    if (k->tenant && *scope->namespace_ && strcmp(scope->namespace_, k->tenant->name) != 0)
+        return deny(k, GRPC_STATUS_PERMISSION_DENIED,
+                    "scope.namespace '%.64s': this caller acts as tenant '%s' and may name no other",
+                    scope->namespace_, k->tenant->name);
+    if (k->tenant && scope->client_id && !tkvd_tenant_owns(k->tenant, scope->client_id))
+        return deny(k, GRPC_STATUS_PERMISSION_DENIED,
+                    "scope.client_id %" PRIu64 ": attached as another tenant than '%s'",
+                    scope->client_id, k->tenant->name);
     if (k->peer.kind == TKVD_PEER_ATTACH) {
         /* the connection is the client: the message cannot name another one */
         if (scope->client_id && scope->client_id != k->peer.attach_id)
@@ -136,13 +243,16 @@ static bool check_scope(tkvd_call *k, const Tierkv__V1__BlockScope *scope)
 }
 
 /* The one place where a call's identity becomes the owner of its leases and the namespace its
- * keys live in. Today the namespace is the one the message names; a daemon with authenticated
- * tenants derives it from k->peer here instead. */
+ * keys live in. Without tenants the namespace is the one the message names; with tenants it
+ * is the caller's tenant (check_scope refused any other), and every owner id carries the
+ * tenant's tag (attach client ids already do), so its leases and allocations are its own. */
 static void bind_scope(tkvd_call *k, const Tierkv__V1__BlockScope *scope)
 {
-    k->ns = scope->namespace_;
-    k->ns_len = strlen(scope->namespace_);
+    k->ns = k->tenant ? k->tenant->name : scope->namespace_;
+    k->ns_len = strlen(k->ns);
     k->owner_id = k->peer.kind == TKVD_PEER_ATTACH ? k->peer.attach_id : scope->client_id;
+    if (k->tenant && !k->owner_id)
+        k->owner_id = tkvd_tenant_tag(k->tenant);
 }
 
 static bool check_tokens(tkvd_call *k, size_t n_tokens)
@@ -379,7 +489,9 @@ static bool v_prefetch(tkvd_call *k, const void *req)
     const Tierkv__V1__PrefetchRequest *rq = req;
     if (rq->lease_id == 0)
         return fail_with(k, GRPC_STATUS_INVALID_ARGUMENT, "prefetch: lease_id missing (0)");
-    return target_tier(k, rq->tier, "prefetch") >= 0;
+    char what[64];
+    snprintf(what, sizeof(what), "prefetch lease %" PRIu64, rq->lease_id);
+    return check_owned(k, rq->lease_id, 0, what) && target_tier(k, rq->tier, "prefetch") >= 0;
 }
 
 static void h_prefetch(tkvd_call *k, const void *req, void *out)
@@ -471,7 +583,9 @@ static bool v_get(tkvd_call *k, const void *req)
     const Tierkv__V1__GetRequest *rq = req;
     if (rq->lease_id == 0)
         return fail_with(k, GRPC_STATUS_INVALID_ARGUMENT, "get: lease_id missing (0)");
-    return true;
+    char what[64];
+    snprintf(what, sizeof(what), "get lease %" PRIu64, rq->lease_id);
+    return check_owned(k, rq->lease_id, 0, what);
 }
 
 static void h_get(tkvd_call *k, const void *req, void *out)
@@ -553,7 +667,9 @@ static bool v_write_slot(tkvd_call *k, const void *req)
         return fail_with(k, GRPC_STATUS_INVALID_ARGUMENT, "write_slot alloc %" PRIu64 " slot %u: "
                          "payload has %zu bytes, a block has %zu", rq->alloc_id, rq->index,
                          rq->payload.len, k->svc->cfg->block_bytes);
-    return true;
+    char what[80];
+    snprintf(what, sizeof(what), "write_slot alloc %" PRIu64 " slot %u", rq->alloc_id, rq->index);
+    return check_owned(k, 0, rq->alloc_id, what);
 }
 
 static void h_write_slot(tkvd_call *k, const void *req, void *out)
@@ -570,7 +686,10 @@ static bool v_commit(tkvd_call *k, const void *req)
     const Tierkv__V1__CommitRequest *rq = req;
     if (rq->alloc_id == 0)
         return fail_with(k, GRPC_STATUS_INVALID_ARGUMENT, "commit: alloc_id missing (0)");
-    return check_blocks_per_rpc(k, rq->num_blocks, "commit") &&
+    char what[64];
+    snprintf(what, sizeof(what), "commit alloc %" PRIu64, rq->alloc_id);
+    return check_owned(k, 0, rq->alloc_id, what) &&
+           check_blocks_per_rpc(k, rq->num_blocks, "commit") &&
            check_block_range(k, rq->n_tokens, rq->first_block, rq->num_blocks, "commit");
 }
 
@@ -584,8 +703,10 @@ static void h_commit(tkvd_call *k, const void *req, void *out)
     tkv_key *keys = derive_keys(k, rq->tokens, (size_t)rq->first_block + rq->num_blocks);
     const tkv_key *parent = rq->first_block ? &keys[rq->first_block - 1] : NULL;
     size_t stored = 0;
+    /* A commit of no blocks may carry no tokens: no pointer arithmetic on a NULL array. */
+    const uint32_t *tokens = rq->num_blocks ? rq->tokens + (size_t)rq->first_block * P : NULL;
     int rc = tkv_store_commit(k->svc->store, rq->alloc_id, parent, keys + rq->first_block,
-                              rq->tokens + (size_t)rq->first_block * P, rq->num_blocks, &stored);
+                              tokens, rq->num_blocks, &stored);
     if (!store_ok(k, rc, what))
         return;
     rsp->num_stored = (uint32_t)stored;
@@ -598,7 +719,12 @@ static bool v_release(tkvd_call *k, const void *req)
     if (!rq->lease_id == !rq->alloc_id)
         return fail_with(k, GRPC_STATUS_INVALID_ARGUMENT,
                          "release: give exactly one of lease_id and alloc_id");
-    return true;
+    char what[64];
+    if (rq->lease_id)
+        snprintf(what, sizeof(what), "release lease %" PRIu64, rq->lease_id);
+    else
+        snprintf(what, sizeof(what), "release alloc %" PRIu64, rq->alloc_id);
+    return check_owned(k, rq->lease_id, rq->alloc_id, what);
 }
 
 static void h_release(tkvd_call *k, const void *req, void *out)
@@ -813,6 +939,10 @@ static bool v_evict(tkvd_call *k, const void *req)
         return fail_with(k, GRPC_STATUS_FAILED_PRECONDITION, "evict: l3 is off in this daemon");
     if (rq->n_tokens > 0 && !rq->scope)
         return check_scope(k, rq->scope); /* fails: tokens are read in a scope */
+    if (k->tenant && rq->n_tokens == 0 && !k->tenant->admin)
+        return deny(k, GRPC_STATUS_PERMISSION_DENIED,
+                    "evict: without tokens it acts on every tenant's blocks; tenant %s is not an "
+                    "admin tenant (name the prompt whose blocks to evict)", k->tenant->name);
     uint32_t P = k->svc->cfg->geometry.block_tokens;
     if (rq->n_tokens > 0 && rq->n_tokens / P == 0)
         return fail_with(k, GRPC_STATUS_INVALID_ARGUMENT, "evict: %zu tokens hold no full block of %u",
@@ -904,6 +1034,8 @@ static bool v_cost_check(tkvd_call *k, const void *req)
     if (!(rq->prefill_ms >= 0) || rq->prefill_ms > 1e9) /* also refuses NaN */
         return fail_with(k, GRPC_STATUS_INVALID_ARGUMENT, "cost_check: prefill_ms %g not in [0, 1e9]",
                          rq->prefill_ms);
+    if (!check_owned(k, rq->lease_id, 0, "cost_check"))
+        return false;
     return (int)rq->tier == TKV_TIER_NONE || target_tier(k, rq->tier, "cost_check") >= 0;
 }
 
@@ -1012,6 +1144,9 @@ void tkvd_service_call(tkvd_service *svc, tkvd_call *k, int method, const Protob
     k->code = GRPC_STATUS_OK;
     *rsp = NULL;
     *rsp_len = 0;
+    /* Admitted once per call: tkvd_service_dispatch already did before parsing. */
+    if (!k->tenant && !admit(k, h->path))
+        return;
     const Tierkv__V1__BlockScope *scope = request_scope(h, rq);
     bool scoped = (h->flags & kScope) || ((h->flags & kScopeIfSet) && scope);
     if (scoped && check_scope(k, scope))
@@ -1044,6 +1179,11 @@ void tkvd_service_dispatch(tkvd_service *svc, tkvd_call *k, int method, const ui
     const handler *h = &kHandlers[method];
     *rsp = NULL;
     *rsp_len = 0;
+    k->svc = svc;
+    /* Admission before parsing: a caller that is no tenant learns nothing, not even whether
+     * its bytes were a valid message. */
+    if (!admit(k, h->path))
+        return;
     ProtobufCMessage *rq = protobuf_c_message_unpack(h->req, NULL, len, req);
     if (!rq) {
         k->svc = svc;
@@ -1067,6 +1207,10 @@ static void grpc_dispatch(void *ctx, const tkvd_call_info *ci, const uint8_t *re
     memcpy(k.peer.addr, ci->peer, sizeof(k.peer.addr));
     memcpy(k.peer.tls_subject, ci->tls_subject, sizeof(k.peer.tls_subject));
     memcpy(k.peer.token, ci->token, sizeof(k.peer.token));
+    k.peer.has_cred = ci->has_cred;
+    k.peer.uid = ci->uid;
+    k.peer.gid = ci->gid;
+    k.peer.pid = ci->pid;
     int method = (int)((const handler *)ci->arg - kHandlers);
     tkvd_service_dispatch(ctx, &k, method, req, len, &out->buf, &out->len);
     out->code = k.code;

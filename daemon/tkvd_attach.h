@@ -16,6 +16,7 @@
 #include "tkv_attach.h"
 #include "tkv_store.h"
 #include "tkvd_metrics.h"
+#include "tkvd_tenant.h"
 
 typedef struct tkvd_attach tkvd_attach;
 
@@ -26,6 +27,11 @@ int tkvd_attach_start(const char *path, tkv_store *store, const uint8_t fingerpr
 /* Lets trusted peers (the daemon's own uid, or root) that ask for it map the L2 pool writable
  * (TKV_ATTACH_HELLO_WRITABLE); others always get a read-only descriptor. Default off. */
 void tkvd_attach_allow_writable(tkvd_attach *a, bool on);
+/* With tenants configured (t->n > 0; t must outlive the attach), a peer is admitted only as
+ * the tenant its SO_PEERCRED uid/gid names, and only a tenant marked map_pool (a trusted
+ * engine: the pools hold every tenant's blocks); its client_id carries the tenant's tag
+ * (tkvd_tenant_tag), so leases made under it are that tenant's. Call right after start. */
+void tkvd_attach_set_tenants(tkvd_attach *a, const tkvd_tenants *t);
 /* Makes every later handshake offer the GPU pool: the reply gets TKV_ATTACH_F_L1 and is
  * followed by *gpu (copied). Call before clients attach (right after start). */
 void tkvd_attach_offer_gpu(tkvd_attach *a, const tkv_attach_gpu *gpu);

@@ -16,6 +16,7 @@
 #include <stdio.h>
 
 #include "tkv_keys.h"
+#include "tkvd_tenant.h"
 
 #define TKVD_ERR_LEN 512
 
@@ -54,6 +55,8 @@ typedef struct tkvd_config {
     char *grpc_socket;          /* UNIX socket path; "" = <run_dir>/tierkv.sock */
     char *grpc_tcp;             /* "host:port" or "" (off) */
     char *tls_cert, *tls_key;   /* PEM files; both or neither; only with grpc_tcp */
+    char *tls_client_ca;        /* PEM CA bundle: TCP clients must present a certificate it
+                                 * signed (mTLS); "" = no client certificate asked for */
     char *attach_socket;        /* "" = <run_dir>/attach.sock */
     bool attach_writable;       /* same-uid engines may map L2 writable */
     bool http_enabled;
@@ -68,13 +71,16 @@ typedef struct tkvd_config {
     uint32_t drain_timeout_ms;
     int log_level;
     bool foreground;
+
+    /* tenants (`tenant.<name>.<field>` lines; none = the single default tenant) */
+    tkvd_tenants tenants;
 } tkvd_config;
 
 /* Fills the embedded default (see docs/config.md). */
 void tkvd_config_init(tkvd_config *c);
 void tkvd_config_free(tkvd_config *c);
 
-/* Sets one key from text. origin ("file:line" or "--flag") prefixes the message written to
+/* Sets one key from text (a `tenant.<name>.<field>` key goes to the tenant table). origin ("file:line" or "--flag") prefixes the message written to
  * err on failure. TKV_OK or TKV_EINVAL. */
 int tkvd_config_set(tkvd_config *c, const char *key, const char *value, const char *origin,
                     char *err, size_t err_len);

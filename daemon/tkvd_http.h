@@ -20,6 +20,7 @@ typedef struct tkvd_http_source {
     const tkv_geometry *geometry;
     const char *policy_name;
     const char *version;
+    const tkvd_tenants *tenants;  /* NULL or empty: no tierkv_tenant_* families */
     tkv_l4 *l4;               /* the shared tier, or NULL when off */
 } tkvd_http_source;
 

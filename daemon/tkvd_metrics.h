@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tkvd_tenant.h"
 #include "tkv_l4.h"
 
 /* Lookup latency histogram: bucket i counts lookups that took <= tkvd_latency_bounds_us[i]
@@ -27,6 +28,10 @@ typedef struct tkvd_metrics {
     _Atomic uint64_t clients_connected;  /* attach-socket connections now open */
     _Atomic uint64_t clients_total;
     uint64_t start_ms;                   /* wall clock at start (set once) */
+    /* per tenant, slot = tenant index + 1 (slot 0: callers that are no tenant) */
+    _Atomic uint64_t tenant_rpcs[TKVD_TENANT_MAX + 1];
+    _Atomic uint64_t tenant_denied[TKVD_TENANT_MAX + 1];
+    _Atomic uint64_t deny_log_ms, deny_log_held; /* the refusal log line's rate limit */
 } tkvd_metrics;
 
 void tkvd_metrics_init(tkvd_metrics *m);

@@ -44,8 +44,11 @@ typedef struct tkvd_call_info {
     const void *arg;    /* the method's tkvd_method.arg */
     bool is_unix;       /* arrived on the UNIX socket (else TCP) */
     char peer[96];      /* gRPC's peer string: "unix:...", "ipv4:127.0.0.1:port", ... */
-    char tls_subject[128]; /* TCP+TLS with a client certificate: its subject (CN); else "" */
+    char tls_subject[128]; /* TCP+TLS with a client certificate verified against the
+                            * tls_client_ca: its subject (RFC 2253, "O=..,CN=.."); else "" */
     char token[160];    /* the "authorization" metadata, when the client sent one; else "" */
+    bool has_cred;      /* UNIX peer: uid/gid/pid are the kernel's SO_PEERCRED of its socket */
+    uint32_t uid, gid, pid;
 } tkvd_call_info;
 
 typedef void (*tkvd_unary_fn)(void *ctx, const tkvd_call_info *ci, const uint8_t *req,
@@ -65,6 +68,7 @@ typedef struct tkvd_server_opts {
     const char *unix_path;     /* required */
     const char *tcp_addr;      /* NULL or "" = none */
     const char *tls_cert_file, *tls_key_file; /* both set -> TLS on TCP */
+    const char *tls_client_ca_file; /* set -> TCP clients must present a certificate it signed */
     unsigned cq_threads, workers;
     size_t max_recv_bytes, max_send_bytes;
     uint32_t drain_timeout_ms;

@@ -51,8 +51,8 @@ typedef struct tkvd_peer {
     uint32_t uid, gid, pid;
     uint64_t attach_id;      /* ATTACH: the connection's client_id (owns its leases) */
     char addr[96];           /* the transport's peer address ("unix:...", "ipv4:...") */
-    char tls_subject[128];   /* TLS client certificate CN, or "" */
-    char token[160];         /* bearer token the client presented, or "" */
+    char tls_subject[128];   /* verified TLS client certificate's subject, or "" */
+    char token[160];         /* the `authorization` value the client presented, or "" */
 } tkvd_peer;
 
 /* One call's context: built by the transport, completed by the dispatcher (owner_id and
@@ -66,6 +66,8 @@ typedef struct tkvd_call {
     uint64_t owner_id;       /* client_id that this call's leases/allocations belong to; 0 = none */
     const char *ns;          /* the namespace the call's keys are derived in */
     size_t ns_len;
+    const tkvd_tenant *tenant; /* with tenants: who the peer proved to be (never NULL once
+                              * admitted); without: NULL */
     /* outcome */
     grpc_status_code code;   /* GRPC_STATUS_OK unless the call failed */
     char msg[256];           /* one-line reason when code != OK */

@@ -82,7 +82,7 @@ int tkvk__decode_check(const tkvk_decode_args *a, const char *who)
 
 /* Host-side content checks the GPU cannot make: lengths within the table, block ids within
  * the pool, scales finite. */
-static int dec_check_host(const tkvk_decode_args *a, const char *who)
+int tkvk__decode_check_host(const tkvk_decode_args *a, const char *who)
 {
     int rc = tkvk__decode_check(a, who);
     if (rc)
@@ -113,21 +113,6 @@ static int dec_check_host(const tkvk_decode_args *a, const char *who)
             if (!isfinite(a->v_head_scales[h]))
                 return tkvk__fail(TKVK_EINVAL, "%s: v_head_scales[%d] not finite", who, h);
     return TKVK_OK;
-}
-
-int tkvk__decode_static_splits(int num_pairs, int max_kv_len, int grid)
-{
-    int max_tiles = tkvk__decode_tiles(max_kv_len);
-    if (max_tiles < 1 || num_pairs < 1)
-        return 1;
-    int splits = (grid + num_pairs - 1) / num_pairs;
-    if (splits > max_tiles)
-        splits = max_tiles;
-    if (splits < 1)
-        splits = 1;
-    /* Equal chunks: the split count that the chunk size actually produces. */
-    int chunk = (max_tiles + splits - 1) / splits;
-    return (max_tiles + chunk - 1) / chunk;
 }
 
 /* ============================================================================================
@@ -425,7 +410,7 @@ static void dec_combine(int n, int rows, int dim, const float *o_parts, const fl
 
 int tkvk_decode_cpu(const tkvk_decode_args *a)
 {
-    int rc = dec_check_host(a, "decode_cpu");
+    int rc = tkvk__decode_check_host(a, "decode_cpu");
     if (rc)
         return rc;
     if (a->num_requests == 0)
@@ -448,10 +433,8 @@ int tkvk_decode_cpu(const tkvk_decode_args *a)
 
 /* Shared tail of the split paths: for every pair, attend each of its `count` position ranges
  * (from ranges(), which fills [begin, end) pairs) and combine. */
-typedef int (*dec_ranges_fn)(const void *ctx, int pair, int *begin, int *end, int cap);
-
-static int dec_split_run(const tkvk_decode_args *a, int max_parts, dec_ranges_fn ranges,
-                         const void *ctx)
+int tkvk__decode_split_run(const tkvk_decode_args *a, int max_parts, tkvk__decode_ranges_fn ranges,
+                           const void *ctx)
 {
     dec_work w;
     dec_work_init(&w, a);
@@ -506,7 +489,7 @@ static int dec_split_ranges(const void *ctx_, int pair, int *begin, int *end, in
 
 int tkvk_decode_split_cpu(const tkvk_decode_args *a, int grid, int min_tiles_per_cta)
 {
-    int rc = dec_check_host(a, "decode_split_cpu");
+    int rc = tkvk__decode_check_host(a, "decode_split_cpu");
     if (rc)
         return rc;
     if (grid < 1 || min_tiles_per_cta < 1)
@@ -527,50 +510,10 @@ int tkvk_decode_split_cpu(const tkvk_decode_args *a, int grid, int min_tiles_per
             if (map.pair_count[p] > max_parts)
                 max_parts = map.pair_count[p];
         dec_split_ctx ctx = {&map, a->kv_lens, hkv};
-        rc = dec_split_run(a, max_parts, dec_split_ranges, &ctx);
+        rc = tkvk__decode_split_run(a, max_parts, dec_split_ranges, &ctx);
     }
     tkvk_decode_map_free(&map);
     return rc;
-}
-
-typedef struct dec_static_ctx {
-    const int32_t *kv_lens;
-    int hkv, splits, chunk_tiles;
-} dec_static_ctx;
-
-static int dec_static_ranges(const void *ctx_, int pair, int *begin, int *end, int cap)
-{
-    const dec_static_ctx *ctx = ctx_;
-    int32_t L = ctx->kv_lens[pair / ctx->hkv];
-    int n = ctx->splits < cap ? ctx->splits : cap;
-    for (int i = 0; i < n; i++) {
-        int64_t b = (int64_t)i * ctx->chunk_tiles * TKVK_DECODE_TILE_TOKENS;
-        int64_t e = b + (int64_t)ctx->chunk_tiles * TKVK_DECODE_TILE_TOKENS;
-        begin[i] = (int)(b < L ? b : L);
-        end[i] = (int)(e < L ? e : L);
-    }
-    return n;
-}
-
-int tkvk_decode_static_cpu(const tkvk_decode_args *a, int num_splits)
-{
-    int rc = dec_check_host(a, "decode_static_cpu");
-    if (rc)
-        return rc;
-    if (num_splits < 1)
-        return tkvk__fail(TKVK_EINVAL, "decode_static_cpu: num_splits %d < 1", num_splits);
-    if (a->num_requests == 0)
-        return TKVK_OK;
-    int32_t max_len = 0;
-    for (int r = 0; r < a->num_requests; r++)
-        if (a->kv_lens[r] > max_len)
-            max_len = a->kv_lens[r];
-    int max_tiles = tkvk__decode_tiles(max_len);
-    if (max_tiles < 1)
-        max_tiles = 1;
-    int chunk = (max_tiles + num_splits - 1) / num_splits;
-    dec_static_ctx ctx = {a->kv_lens, a->layout->num_kv_heads, num_splits, chunk};
-    return dec_split_run(a, num_splits, dec_static_ranges, &ctx);
 }
 
 /* ============================================================================================

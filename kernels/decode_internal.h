@@ -1,4 +1,4 @@
-/* decode_internal.h - what decode.c and decode.cu share (not public).
+/* decode_internal.h - what decode.c, the decode*.cu files and dev/decode/ share (not public).
  *
  * The argument checks are one function so the CPU and the CUDA entry points refuse exactly
  * the same shapes with the same sentences. */
@@ -105,9 +105,15 @@ static inline TKVK__HD int tkvk__decode_joins(const tkvk__decode_bins *b, int st
            ((lo - 1) - tkvk__decode_cta_of_bin(b, lo - 1));
 }
 
-/* Splits for the static baseline: enough CTAs over (pairs x splits) to fill `grid` CTA
- * slots, never more splits than the longest request has tiles. */
-int tkvk__decode_static_splits(int num_pairs, int max_kv_len, int grid);
+/* The CPU split paths' shared tail (decode.c; also the static baseline's in dev/decode/): for
+ * every pair, attend each of the position ranges ranges() gives ([begin, end) pairs, at most
+ * cap) and combine. a must have passed tkvk__decode_check_host(). */
+typedef int (*tkvk__decode_ranges_fn)(const void *ctx, int pair, int *begin, int *end, int cap);
+int tkvk__decode_split_run(const tkvk_decode_args *a, int max_parts,
+                           tkvk__decode_ranges_fn ranges, const void *ctx);
+/* tkvk__decode_check() and the host-side checks of the CPU entry points (lengths within the
+ * block table, block ids within the pool). */
+int tkvk__decode_check_host(const tkvk_decode_args *a, const char *who);
 
 /* Benchmarks and tests only (not thread-safe): which attention kernel plans made and decode
  * steps launched from now on use, so that they can be timed side by side in one run. A plan

@@ -185,8 +185,9 @@ int tkvk_prologue_cuda(const tkvk_prologue_params *p, void *stream);
 float tkvk_hadamard_scale(int head_dim);
 
 /* ============================================================================================
- * Decode attention: plan / dynamic split / static split / combine / merge states
- * (kernels/decode.c, kernels/decode.cu)
+ * Decode attention: plan / dynamic split / combine / merge states (kernels/decode.c, the CPU
+ * references; kernels/decode*.cu, the GPU: decode_dev.cuh lists the files). The static
+ * split-KV baseline the benchmark compares against is in dev/decode/decode_static.h.
  * ========================================================================================== */
 /* One decode step: every request has the same number q_len of new query tokens (1..8; MTP
  * and speculative verify), already counted in its kv_len. Query token t of a request with
@@ -280,9 +281,6 @@ int tkvk_decode_cpu(const tkvk_decode_args *a);
  * combine. Tests use it to check the split/merge arithmetic on the CPU. */
 int tkvk_decode_split_cpu(const tkvk_decode_args *a, int grid, int min_tiles_per_cta);
 
-/* Static split-KV on the CPU: every pair cut into num_splits equal ranges of tiles. */
-int tkvk_decode_static_cpu(const tkvk_decode_args *a, int num_splits);
-
 /* Merge two (O, LSE) sets of the same rows: O bf16 [num_rows][head_dim], LSE base 2
  * [num_rows]. A set whose LSE is -inf (no keys) contributes nothing; two -inf give O = 0,
  * LSE = -inf. out/out_lse may alias either input. */
@@ -324,12 +322,6 @@ int tkvk_decode_plan_download(tkvk_decode_plan *plan, tkvk_decode_map *map, void
  * Block ids outside [0, num_blocks) are not dereferenced: their tokens read as zeros (the
  * GPU cannot refuse them after launch; the daemon validates tables before). */
 int tkvk_decode_attend_cuda(tkvk_decode_plan *plan, const tkvk_decode_args *a, void *stream);
-
-/* Static split-KV baseline: a fixed grid over (KV heads, requests, splits). num_splits 0 =
- * chosen from max_kv_len (an upper bound of the step's kv_lens) and the SM count. Uses the
- * plan's workspace (not its task map). */
-int tkvk_decode_static_cuda(tkvk_decode_plan *plan, const tkvk_decode_args *a, int max_kv_len,
-                            int num_splits, void *stream);
 
 /* tkvk_merge_states_cpu() on the device. */
 int tkvk_merge_states_cuda(const uint16_t *o_a, const float *lse_a, const uint16_t *o_b,

@@ -1081,6 +1081,19 @@ int tkv_store_lease_touch(tkv_store *s, uint64_t lease_id, uint32_t ttl_ms)
     return rc;
 }
 
+int tkv_store_lease_owner(tkv_store *s, uint64_t lease_id, uint64_t *owner)
+{
+    if (!s || !owner)
+        return TKV_EINVAL;
+    int rc = TKV_OK;
+    lock(s);
+    tkv_lease *l = lease_live(s, lease_id, &rc);
+    if (l)
+        *owner = l->owner;
+    unlock(s);
+    return rc;
+}
+
 int tkv_store_lease_release(tkv_store *s, uint64_t lease_id)
 {
     if (!s)
@@ -1427,6 +1440,19 @@ static alloc_rec *alloc_find(tkv_store *s, uint64_t id)
         if (a->id == id)
             return a;
     return NULL;
+}
+
+int tkv_store_alloc_owner(tkv_store *s, uint64_t alloc_id, uint64_t *owner)
+{
+    if (!s || !owner)
+        return TKV_EINVAL;
+    lock(s);
+    alloc_rec *a = alloc_find(s, alloc_id);
+    int rc = a && !a->dead ? TKV_OK : TKV_ENOTFOUND;
+    if (rc == TKV_OK)
+        *owner = a->owner;
+    unlock(s);
+    return rc;
 }
 
 int tkv_store_alloc_write(tkv_store *s, uint64_t alloc_id, uint32_t index, const void *src)

@@ -117,6 +117,10 @@ int tkv_store_lease_locs(tkv_store *s, uint64_t lease_id, tkv_block_loc *locs, s
 /* Extends a lease's time-to-live. TKV_ENOTFOUND / TKV_EXPIRED. */
 int tkv_store_lease_touch(tkv_store *s, uint64_t lease_id, uint32_t ttl_ms);
 int tkv_store_lease_release(tkv_store *s, uint64_t lease_id);
+/* The owner a live lease or allocation was made for (the daemon checks it against the
+ * caller's tenant before acting on an id a client sent). TKV_ENOTFOUND / TKV_EXPIRED. */
+int tkv_store_lease_owner(tkv_store *s, uint64_t lease_id, uint64_t *owner);
+int tkv_store_alloc_owner(tkv_store *s, uint64_t alloc_id, uint64_t *owner);
 /* Releases every lease and allocation of an owner (client gone). Returns how many. */
 size_t tkv_store_release_owner(tkv_store *s, uint64_t owner);
 

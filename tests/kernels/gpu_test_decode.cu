@@ -31,6 +31,7 @@
 
 #include "decode_internal.h"
 #include "tkv_kernels.h"
+#include "decode_static.h"
 
 #define CK(call)                                                                                 \
     do {                                                                                         \

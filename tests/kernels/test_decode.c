@@ -12,6 +12,7 @@
 
 #include "decode_internal.h"
 #include "tkv_kernels.h"
+#include "decode_static.h"
 
 static uint64_t rng_state = 88172645463325252ull;
 static double rnd_unit(void)

@@ -28,7 +28,7 @@ any holding time T can give: max over T of P(reused within T) / E[min(time to re
 policy evicts the lowest index among `--samples` random unpinned tails, and refuses the rest of
 a put whose first block's index at age 0 is below that victim's.
 
-  bench/policy_model.py --trace FILE --capacity 5000,10000 --policy lru,index-online
+  dev/policy_model.py --trace FILE --capacity 5000,10000 --policy lru,index-online
 """
 import argparse
 import collections

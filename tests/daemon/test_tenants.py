@@ -1,0 +1,228 @@
+#!/usr/bin/python3
+"""test_tenants.py - tenants that cannot see each other, on the real tierkvd with clients in
+separate processes running as separate users (the test switches uid, so it needs root: exit 77
+elsewhere).
+
+Tenant a (uid 61001) stores a prompt; tenant b (uid 61002) then tries every path to it: the
+same prompt in its own namespace (a miss: keys are salted per tenant), a forged namespace on
+Lookup/Put/Evict (PERMISSION_DENIED), a's lease id on Get/Prefetch/Release/CostCheck (NOT_FOUND,
+as if it did not exist), an attached client's id (PERMISSION_DENIED), ListBlocks/Flush and an
+evict of everything (admin only), and the attach socket (refused: no pool descriptor). A uid
+that is no tenant is refused everything but Health. Every refusal is counted in
+tierkv_tenant_denied_total. Afterwards a's blocks are all still there, bit-exact.
+
+usage: test_tenants.py PATH-TO-TIERKVD PROTO-DIR
+       test_tenants.py --child GEN-DIR SOCK ATTACH-SOCK FP-HEX ACTION < ARGS-JSON   (internal)
+"""
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+
+UID_A, UID_B, UID_NONE = 61001, 61002, 61003
+ATTACH_MAGIC, ATTACH_VERSION = 0x41564B54, 1
+
+
+# ---- the child: one client process, run as some uid -------------------------------------------
+
+def child(argv):
+    gen, sock, attach_sock, fp_hex, action = argv
+    args = sys.stdin.read()
+    sys.path.insert(0, gen)
+    import grpc
+    import tierkv_pb2 as pb
+    import tierkv_pb2_grpc as pbg
+    args = json.loads(args)
+    fp = bytes.fromhex(fp_hex)
+    out = {"uid": os.getuid()}
+    ch = grpc.insecure_channel("unix:" + sock, options=[("grpc.max_receive_message_length", 64 << 20)])
+    s = pbg.CacheStub(ch)
+
+    def scope(ns="", client_id=0):
+        return pb.BlockScope(namespace=ns, fingerprint=fp, client_id=client_id)
+
+    def call(name, fn):
+        try:
+            r = fn()
+            out[name] = {"ok": True, "r": r}
+        except grpc.RpcError as e:
+            out[name] = {"ok": False, "code": e.code().name, "msg": e.details()}
+
+    tokens = args.get("tokens", [])
+    if action == "store":
+        blocks = [bytes.fromhex(b) for b in args["blocks"]]
+        call("put", lambda: s.Put(pb.PutRequest(scope=scope(), tokens=tokens, first_block=0,
+                                                blocks=blocks), timeout=10).num_stored)
+        call("lookup", lambda: s.Lookup(pb.LookupRequest(scope=scope(), tokens=tokens,
+                                                         lease_ttl_ms=60000), timeout=5))
+        r = out["lookup"]
+        if r["ok"]:
+            out["lookup"] = {"ok": True, "hit": r["r"].num_hit_blocks, "lease": r["r"].lease_id}
+            lease = r["r"].lease_id
+            call("get", lambda: [b.hex() for b in s.Get(pb.GetRequest(
+                lease_id=lease, first=0, count=len(blocks)), timeout=10).blocks])
+    elif action == "probe":
+        lease = args["lease"]
+        call("lookup_own", lambda: s.Lookup(pb.LookupRequest(scope=scope(), tokens=tokens),
+                                            timeout=5).num_hit_blocks)
+        call("lookup_forged", lambda: s.Lookup(pb.LookupRequest(scope=scope("a"), tokens=tokens),
+                                               timeout=5).num_hit_blocks)
+        call("put_forged", lambda: s.Put(pb.PutRequest(
+            scope=scope("a"), tokens=tokens[:len(tokens) // 2 // args["P"] * args["P"]],
+            first_block=0, blocks=[b"\0" * args["block_bytes"]]), timeout=5).num_stored)
+        call("evict_forged", lambda: s.Evict(pb.EvictRequest(scope=scope("a"), tokens=tokens,
+                                                             tier=2), timeout=5).num_evicted)
+        call("evict_own", lambda: s.Evict(pb.EvictRequest(scope=scope(), tokens=tokens, tier=2),
+                                          timeout=5).num_evicted)
+        call("evict_all", lambda: s.Evict(pb.EvictRequest(tier=2), timeout=5).num_evicted)
+        call("get_lease", lambda: len(s.Get(pb.GetRequest(lease_id=lease, first=0, count=1),
+                                            timeout=5).blocks))
+        call("prefetch_lease", lambda: s.Prefetch(pb.PrefetchRequest(lease_id=lease, tier=2),
+                                                  timeout=5).ticket)
+        call("cost_lease", lambda: str(s.CostCheck(pb.CostCheckRequest(lease_id=lease,
+                                                                       prefill_ms=1.0), timeout=5)))
+        call("release_lease", lambda: str(s.Release(pb.ReleaseRequest(lease_id=lease), timeout=5)))
+        call("client_id", lambda: s.Lookup(pb.LookupRequest(
+            scope=scope(client_id=args["client_id"]), tokens=tokens), timeout=5).num_hit_blocks)
+        call("list", lambda: len(list(s.ListBlocks(pb.ListBlocksRequest(), timeout=5).blocks)))
+        call("flush", lambda: str(s.Flush(pb.FlushRequest(), timeout=5)))
+        call("health", lambda: s.Health(pb.HealthRequest(), timeout=5).status)
+        out["attach"] = attach(attach_sock, fp)
+    for k, v in out.items():
+        if isinstance(v, dict) and v.get("ok") and not isinstance(v.get("r"), (int, str, list, type(None))):
+            v["r"] = str(v["r"])
+    print(json.dumps(out))
+    ch.close()
+
+
+def attach(path, fp):
+    """One attach hello; returns the reply's status/message and whether a descriptor came."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.settimeout(5)
+    s.connect(path)
+    s.send(struct.pack("<II32sII", ATTACH_MAGIC, ATTACH_VERSION, fp, 0, os.getpid()))
+    msg, anc, _, _ = s.recvmsg(4096, socket.CMSG_SPACE(4 * 4))
+    fds = []
+    for level, typ, data in anc:
+        if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
+            fds += list(struct.unpack(f"{len(data) // 4}i", data[:len(data) // 4 * 4]))
+    for fd in fds:
+        os.close(fd)
+    s.close()
+    magic, status, client_id = struct.unpack_from("<IiQ", msg)
+    text = msg[40:168].split(b"\0")[0].decode(errors="replace")
+    return {"status": status, "client_id": client_id, "fds": len(fds), "msg": text}
+
+
+# ---- the test ---------------------------------------------------------------------------------
+
+def run():
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from tkvd_harness import SKIP, Harness, check, payload, fingerprint
+    if os.geteuid() != 0:
+        print("skipped: switching uid needs root")
+        sys.exit(SKIP)
+    h = Harness(sys.argv[1], sys.argv[2])
+    pb = h.pb
+    for root, dirs, _ in os.walk(h.top):
+        os.chmod(root, 0o755)
+    conf = os.path.join(h.top, "tenants.conf")
+    with open(conf, "w") as f:
+        f.write(f"tenant.a.uid = {UID_A}\ntenant.b.uid = {UID_B}\n"
+                "tenant.ops.uid = 0\ntenant.ops.admin = on\ntenant.ops.map_pool = on\n")
+    d = h.daemon("t", ["--config", conf, "--l2-blocks", "64"]).start()
+    for p in (d.run_dir, d.sock, d.attach_sock):
+        os.chmod(p, 0o777)
+    fp = fingerprint(4, 2, 64, 64, "fp8_e4m3", "per_tensor", "tierkv-demo")
+    P, bb = 64, d.stub.Stats(pb.StatsRequest(), timeout=5).geometry.block_bytes
+    tokens = [(7 * i + 3) % 50000 for i in range(4 * P)]
+    blocks = [payload(33, i, bb) for i in range(4)]
+
+    def as_uid(uid, action, args):
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child",
+                            os.path.join(h.top, "gen"), d.sock, d.attach_sock, fp.hex(), action],
+                           input=json.dumps(args), user=uid, group=uid, capture_output=True,
+                           text=True, timeout=60, cwd="/")
+        check(r.returncode == 0, f"child {action} as {uid}: rc {r.returncode}\n{r.stderr}")
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+        check(out["uid"] == uid, f"child did not run as {uid}")
+        return out
+
+    # a stores and reads back its prompt
+    a = as_uid(UID_A, "store", {"tokens": tokens, "blocks": [b.hex() for b in blocks]})
+    check(a["put"] == {"ok": True, "r": 4}, f"a's put: {a['put']}")
+    check(a["lookup"]["ok"] and a["lookup"]["hit"] == 4, f"a's lookup: {a['lookup']}")
+    check(a["get"]["ok"] and a["get"]["r"] == [b.hex() for b in blocks], "a's get bytes")
+    lease_a = a["lookup"]["lease"]
+    print(f"tenant a stored 4 blocks, lease {lease_a}")
+
+    # an attached client of the ops tenant (root): its client id must not serve b
+    ops = attach(d.attach_sock, fp)
+    check(ops["status"] == 0 and ops["fds"] == 1, f"ops attach: {ops}")
+
+    b = as_uid(UID_B, "probe", {"tokens": tokens, "lease": lease_a, "client_id": ops["client_id"],
+                                "P": P, "block_bytes": bb})
+
+    def refused(name, code, text=""):
+        r = b[name]
+        check(not r["ok"] and r["code"] == code and text in r["msg"], f"b {name}: {r}")
+        print(f"  ok  b {name}: {r['code']}: {r['msg']}")
+
+    check(b["lookup_own"] == {"ok": True, "r": 0}, f"b sees a's prefix: {b['lookup_own']}")
+    print("  ok  b's lookup of a's prompt in its own namespace: 0 blocks")
+    refused("lookup_forged", "PERMISSION_DENIED", "tenant 'b'")
+    refused("put_forged", "PERMISSION_DENIED", "tenant 'b'")
+    refused("evict_forged", "PERMISSION_DENIED", "tenant 'b'")
+    check(b["evict_own"] == {"ok": True, "r": 0}, f"b's evict reached a's blocks: {b['evict_own']}")
+    refused("evict_all", "PERMISSION_DENIED", "admin")
+    for n in ("get_lease", "prefetch_lease", "cost_lease", "release_lease"):
+        refused(n, "NOT_FOUND", "not found")
+    refused("client_id", "PERMISSION_DENIED", "another tenant")
+    refused("list", "PERMISSION_DENIED", "admin")
+    refused("flush", "PERMISSION_DENIED", "admin")
+    check(b["health"] == {"ok": True, "r": "serving"}, f"b health: {b['health']}")
+    check(b["attach"]["status"] != 0 and b["attach"]["fds"] == 0 and "map the shared pools" in
+          b["attach"]["msg"], f"b attach: {b['attach']}")
+    print(f"  ok  b attach refused, no descriptor: {b['attach']['msg']}")
+
+    n = as_uid(UID_NONE, "probe", {"tokens": tokens, "lease": lease_a, "client_id": 0, "P": P,
+                                   "block_bytes": bb})
+    for name in ("lookup_own", "get_lease", "list"):
+        check(not n[name]["ok"] and n[name]["code"] == "PERMISSION_DENIED" and
+              "no tenant" in n[name]["msg"], f"no-tenant {name}: {n[name]}")
+    check(n["attach"]["status"] != 0 and n["attach"]["fds"] == 0, f"no-tenant attach: {n['attach']}")
+    print("  ok  a uid that is no tenant is refused (gRPC and attach)")
+
+    # a's blocks are untouched: its lease still pins them and reads them bit-exact
+    a2 = as_uid(UID_A, "store", {"tokens": tokens, "blocks": [b.hex() for b in blocks]})
+    check(a2["put"] == {"ok": True, "r": 0}, f"a's blocks were lost: {a2['put']}")
+    check(a2["lookup"]["hit"] == 4 and a2["get"]["r"] == [x.hex() for x in blocks],
+          "a's blocks after b's attempts")
+    print("  ok  a's 4 blocks still cached and bit-exact")
+
+    import urllib.request
+    addr = open(os.path.join(d.run_dir, "tierkvd.http")).read().strip()
+    text = urllib.request.urlopen(f"http://{addr}/metrics", timeout=5).read().decode()
+    denied = {}
+    for line in text.splitlines():
+        if line.startswith("tierkv_tenant_denied_total{"):
+            name = line.split('"')[1]
+            denied[name] = float(line.split()[-1])
+    # b: 3 forged namespaces, evict-all, 4 lease ids, a client id, list, flush, attach = 12
+    check(denied.get("b") == 12, f"b's refusals counted: {denied}")
+    check(denied.get("") == 14 and denied.get("a") == 0, f"refusals counted: {denied}")
+    print(f"  ok  tierkv_tenant_denied_total {denied}")
+    check("refused a call of tenant b" in d.logs(), "no refusal log line")
+    rc = d.stop()
+    check(rc == 0, f"exit {rc}:\n{d.logs()}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child(sys.argv[2:])
+    else:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from tkvd_harness import main_wrapper
+        main_wrapper(run)
