@@ -16,7 +16,10 @@ $(BUILD)/CMakeCache.txt: | deps
 build: deps $(BUILD)/CMakeCache.txt
 	@cmake --build $(BUILD) -j $(JOBS) -- --no-print-directory
 
+# The engines venv (scripts/python-env) is built before ctest, outside the tests' time limits
+# (once per machine; later runs find it). Where it cannot be built the Python tests exit 77.
 test: build
+	@scripts/python-env >/dev/null || echo "make test: no engines venv; the Python tests will skip" >&2
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
 
 demo: build

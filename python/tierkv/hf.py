@@ -1,0 +1,144 @@
+"""hf.py - prefix caching for a transformers model through tierkv: store the KV of a prompt's
+full blocks after a prefill, and in another process look the prompt up, load the cached
+prefix into a DynamicCache and prefill only the rest.
+
+The KV layout is read from the cache at run time: each layer's keys / values must be
+[batch=1, kv_heads, tokens, head_dim] tensors matching the daemon's geometry; anything else
+(another cache class, a quantised or offloaded cache, a shape that does not match) raises
+LayoutError instead of guessing. Every failure of the daemon (down, geometry mismatch, a block
+that fails its checksum) becomes a miss: load() returns 0 cached tokens and the caller
+recomputes; nothing that did not round-trip intact is used.
+"""
+import logging
+
+import torch
+
+from .client import DataLoss, TierKVError, TIER_L2
+from .kv import BlockCodec
+
+log = logging.getLogger("tierkv.hf")
+
+
+class LayoutError(ValueError):
+    pass
+
+
+def _layers(cache):
+    """[(keys, values)] of a transformers cache, refusing any layout not known here."""
+    layers = getattr(cache, "layers", None)
+    if type(cache).__name__ != "DynamicCache" or layers is None:
+        raise LayoutError(f"unknown KV cache layout {type(cache).__name__}: tierkv reads "
+                          "transformers' DynamicCache only")
+    out = []
+    for i, layer in enumerate(layers):
+        if type(layer).__name__ != "DynamicLayer":
+            raise LayoutError(f"layer {i}: unknown cache layer {type(layer).__name__}")
+        out.append((layer.keys, layer.values))
+    return out
+
+
+class PrefixCache:
+    """client: a tierkv.Client (or None: every load is a miss); codec: the BlockCodec of the
+    daemon's geometry (default: built from the client's geometry)."""
+
+    def __init__(self, client, codec=None, k_scale=1.0, v_scale=1.0):
+        self.client = client
+        self.codec = codec
+        if client is not None and codec is None:
+            self.codec = BlockCodec(client.geometry, k_scale, v_scale)
+        if client is not None:
+            self.codec.check(client)
+
+    def _check_kv(self, k):
+        c = self.codec
+        if k.dim() != 4 or k.shape[0] != 1 or k.shape[1] != c.H or k.shape[3] != c.D:
+            raise LayoutError(f"KV of shape {tuple(k.shape)}: want [1, {c.H}, tokens, {c.D}] "
+                              f"(the daemon's geometry)")
+
+    def store(self, tokens, cache):
+        """Stores the KV of the full blocks of tokens from cache (which holds at least those
+        positions). One put for all blocks. Returns the put's result (None when no block)."""
+        layers = _layers(cache)
+        c = self.codec
+        if len(layers) != c.L:
+            raise LayoutError(f"cache has {len(layers)} layers, geometry {c.L}")
+        n = len(tokens) // c.P
+        if n == 0:
+            return None
+        keys, values = [], []
+        for k, v in layers:
+            self._check_kv(k)
+            keys.append(k[0, :, :n * c.P].transpose(0, 1))  # [T][H][D]
+            values.append(v[0, :, :n * c.P].transpose(0, 1))
+        payload = c.encode(keys, values)
+        return self.client.put(tokens[:n * c.P], 0, payload)
+
+    def load(self, tokens, dtype=torch.bfloat16, max_tokens=None):
+        """(num_cached_tokens, DynamicCache or None). At most len(tokens) - 1 tokens come from
+        the cache (the last prompt token is always computed: its logits start generation)."""
+        if self.client is None:
+            return 0, None
+        from transformers import DynamicCache
+        c = self.codec
+        limit = (len(tokens) - 1) if max_tokens is None else min(max_tokens, len(tokens) - 1)
+        try:
+            with self.client.lookup(tokens[:max(limit, 0)]) as lease:
+                n = lease.num_blocks
+                if n == 0:
+                    return 0, None
+                if any(t != TIER_L2 for t in lease.tiers()):
+                    self.client.prefetch(lease, TIER_L2)
+                    try:
+                        self.client.wait(lease, TIER_L2)
+                    except DataLoss as e:
+                        # the lease now covers only the blocks before the bad one
+                        log.warning("tierkv: %s; %d blocks before it remain", e,
+                                    lease.num_blocks)
+                    n = min(n, lease.num_blocks)
+                    if n == 0:
+                        return 0, None
+                buf = torch.empty(n, c.block_bytes, dtype=torch.uint8)
+                self.client.get(lease, 0, n, out=buf)
+        except TierKVError as e:
+            log.warning("tierkv: lookup/load failed, recomputing: %s", e)
+            return 0, None
+        keys, values = c.decode(buf, dtype)
+        cache = DynamicCache()
+        for li in range(c.L):
+            cache.update(keys[li].transpose(0, 1).unsqueeze(0).contiguous(),
+                         values[li].transpose(0, 1).unsqueeze(0).contiguous(), li)
+        return n * c.P, cache
+
+
+def tiny_llama(seed=0, max_positions=4096, layers=2, hidden=128, heads=2, kv_heads=2,
+               vocab=512):
+    """A small Llama built in code with fixed-seed random weights (nothing downloaded), bf16,
+    eval mode; head_dim = hidden / heads (64 by default, a head_dim the daemon accepts)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
+                      tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    return model
+
+
+@torch.no_grad()
+def prefill_and_generate(model, tokens, num_new, cache=None, cached=0):
+    """Prefills tokens[cached:] on top of cache (None: from scratch), then generates num_new
+    tokens greedily. Returns (new tokens, logits of each step [num_new, vocab] float32, cache
+    after the prefill is not kept)."""
+    from transformers import DynamicCache
+    if cache is None:
+        cache, cached = DynamicCache(), 0
+    ids = torch.tensor([tokens[cached:]], dtype=torch.long)
+    out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+    logits = [out.logits[0, -1].float()]
+    new = [int(logits[-1].argmax())]
+    for _ in range(num_new - 1):
+        out = model(input_ids=torch.tensor([[new[-1]]]), past_key_values=out.past_key_values,
+                    use_cache=True)
+        logits.append(out.logits[0, -1].float())
+        new.append(int(logits[-1].argmax()))
+    return new, torch.stack(logits), out.past_key_values
