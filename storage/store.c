@@ -327,6 +327,8 @@ struct tkv_store {
     struct tenant_acct {
         uint64_t blocks[TKV_NUM_TIERS];
         uint64_t max_l2, guar_l2;
+        uint64_t reserved_l2;   /* L2 slots taken for the tenant's blocks, not yet entered:
+                                 * they count against its quota (puts copying, allocations) */
         uint64_t refused, own_evictions, guarded_skips;
     } tn[TKV_STORE_TENANTS_MAX];
     bool tenant_limits;
@@ -609,14 +611,13 @@ static int l2_reserve(tkv_store *s, unsigned tn, size_t held, size_t want, bool 
                       uint64_t *slots, size_t *got)
 {
     struct tenant_acct *ta = &s->tn[tn];
-    uint64_t draining = 0; /* own blocks this call queued to leave: already given up */
+    uint64_t draining = 0; /* own blocks this call queued to leave once durable */
     *got = 0;
     for (;;) {
         size_t take = want - *got;
         bool at_quota = false;
         if (ta->max_l2) {
-            uint64_t mine = ta->blocks[TKV_TIER_L2] + held + *got;
-            mine = mine > draining ? mine - draining : 0;
+            uint64_t mine = ta->blocks[TKV_TIER_L2] + ta->reserved_l2 + held + *got;
             uint64_t room = mine < ta->max_l2 ? ta->max_l2 - mine : 0;
             if (room < take) {
                 take = (size_t)room;
@@ -633,6 +634,10 @@ static int l2_reserve(tkv_store *s, unsigned tn, size_t held, size_t want, bool 
         }
         if (*got == want)
             return TKV_OK;
+        /* Enough own blocks are on their way out: wait for them rather than evict more (the
+         * quota is not exceeded meanwhile, even for a moment). */
+        if (at_quota && draining >= want - *got)
+            return RESERVE_WAIT;
         tkv_entry *e = l2_victim(s, tn, at_quota, tails_only);
         if (!e)
             break;
@@ -691,11 +696,16 @@ static int reserve_slots(tkv_store *s, int t, unsigned tn, size_t want, bool tai
             return TKV_OK;
         if (rc != RESERVE_WAIT || tkv_now_ns() > deadline)
             return TKV_EFULL;
+        /* The slots taken so far count against tn's quota while the locks are down. */
+        if (t == TKV_TIER_L2)
+            s->tn[tn].reserved_l2 += *got;
         unlock(s);
         idx_unlock(s);
         help_writeback(s);
         wr_lock(s);
         lock(s);
+        if (t == TKV_TIER_L2)
+            s->tn[tn].reserved_l2 -= *got;
     }
 }
 
@@ -1229,6 +1239,8 @@ static void slot_free(tkv_store *s, int t, uint64_t slot)
 
 static void alloc_free(tkv_store *s, alloc_rec *a, size_t from)
 {
+    if (a->tier == TKV_TIER_L2)
+        s->tn[a->tenant].reserved_l2 -= a->n;
     for (size_t i = from; i < a->n; i++)
         slot_free(s, a->tier, a->slots[i]);
     free(a->slots);
@@ -1387,6 +1399,7 @@ static int put_chunk(tkv_store *s, unsigned tn, const tkv_key *parent, bool pare
     m = got;
     for (size_t j = 0; j < m; j++)
         ents[j]->l2_slot = slots[j];
+    s->tn[tn].reserved_l2 += m; /* until they enter L2 below */
     unlock(s);
     idx_unlock(s);
 
@@ -1401,6 +1414,7 @@ static int put_chunk(tkv_store *s, unsigned tn, const tkv_key *parent, bool pare
     uint64_t wall = tkv_wall_ms();
     bool l4_now[256]; /* blocks that reach L4 from here, not through write-back */
     TKV_ASSERT(m <= 256);
+    s->tn[tn].reserved_l2 -= m;
     for (size_t j = 0; j < m; j++) {
         tkv_entry *e = ents[j];
         entry_set_tokens(s, e, tokens + idx[j] * (size_t)s->block_tokens);
@@ -1522,6 +1536,8 @@ int tkv_store_alloc_as(tkv_store *s, unsigned tenant, int tier_id, size_t n, uin
         a->id = s->next_alloc_id++;
         a->owner = owner;
         a->tenant = tenant;
+        if (tier_id == TKV_TIER_L2) /* until commit or abort */
+            s->tn[tenant].reserved_l2 += n;
         a->tier = tier_id;
         a->n = n;
         a->slots = slots;
@@ -1599,6 +1615,7 @@ static size_t l1_copy_down(tkv_store *s, unsigned tn, const uint64_t *l1slots, s
     wr_lock(s);
     lock(s);
     reserve_slots(s, TKV_TIER_L2, tn, n, false, slots, &got); /* a prefix is enough */
+    s->tn[tn].reserved_l2 += got; /* until the commit enters or frees them */
     unlock(s);
     idx_unlock(s);
     if (got) {
@@ -1612,6 +1629,7 @@ static size_t l1_copy_down(tkv_store *s, unsigned tn, const uint64_t *l1slots, s
             for (size_t i = 0; i < got; i++)
                 tkv_pool_free(s->pool, slots[i]);
             s->st.io_errors++;
+            s->tn[tn].reserved_l2 -= got;
             got = 0;
         } else {
             s->st.demotions += got;
@@ -1698,6 +1716,8 @@ int tkv_store_commit(tkv_store *s, uint64_t alloc_id, const tkv_key *parent,
         stored++;
     }
     bool own_l2 = a->tier == TKV_TIER_L1;
+    if (own_l2)
+        s->tn[a->tenant].reserved_l2 -= num_l2; /* entered or freed above */
     alloc_free(s, a, n); /* the slots beyond n go back to the pool */
     if (own_l2)
         free(l2slots);

@@ -132,6 +132,7 @@ def run():
         p = subprocess.Popen(**child_cmd(uid, "load"))
         p.stdin.write(json.dumps(dict(geo, seed=seed, n=L2 * 10 // 4 // 2)))
         p.stdin.close()
+        p.stdin = None  # sent: communicate() below only reads
         loads.append(p)
     max_a, samples = 0.0, 0
     while any(p.poll() is None for p in loads):
@@ -160,9 +161,10 @@ def run():
     r = as_uid(UID_B, "read", dict(geo, tokens=tokens_b))
     check(r["hit"] == GUAR_B and r["blocks"] == [b.hex() for b in blocks_b],
           f"b's blocks after the load: {r['hit']} hit")
+    skips = m['tierkv_tenant_guarded_skips_total{tenant="b"}']
+    own = m['tierkv_tenant_own_evictions_total{tenant="a"}']
     print(f"  ok  b's {GUAR_B} guaranteed blocks all still in L2 and bit-exact "
-          f"({m['tierkv_tenant_guarded_skips_total{tenant=\"b\"}']:.0f} guarded skips, "
-          f"{m['tierkv_tenant_own_evictions_total{tenant=\"a\"}']:.0f} own evictions of a)")
+          f"({skips:.0f} guarded skips, {own:.0f} own evictions of a)")
     rc = d.stop()
     check(rc == 0, f"exit {rc}:\n{d.logs()}")
 
