@@ -615,6 +615,16 @@ int tkvd_config_finish(tkvd_config *c, char *err, size_t err_len)
     }
     if (tkvd_tenants_finish(&c->tenants, err, err_len) != TKV_OK)
         return TKV_EINVAL;
+    /* Guaranteed shares must all fit at once, or a guarantee could not be kept. */
+    uint64_t guaranteed = 0;
+    for (size_t i = 0; i < c->tenants.n; i++)
+        guaranteed += c->tenants.v[i]->guaranteed_l2_blocks;
+    if (guaranteed > tkvd_config_l2_blocks(c)) {
+        set_err(err, err_len, "tenants' guaranteed_l2_blocks add up to %llu, more than the %llu "
+                "blocks of L2", (unsigned long long)guaranteed,
+                (unsigned long long)tkvd_config_l2_blocks(c));
+        return TKV_EINVAL;
+    }
     if (*c->grpc_tcp && !strchr(c->grpc_tcp, ':')) {
         set_err(err, err_len, "grpc_tcp: '%s' is not host:port", c->grpc_tcp);
         return TKV_EINVAL;

@@ -333,6 +333,43 @@ static void render_metrics(const tkvd_http_source *src, const http_snapshot *s, 
         for (size_t i = 0; i < ts->n; i++)
             buf_printf(b, "tierkv_tenant_denied_total{tenant=\"%s\"} %" PRIu64 "\n", ts->v[i]->name,
                        atomic_load_explicit(&src->metrics->tenant_denied[i + 1], memory_order_relaxed));
+
+        /* Blocks held and quota figures, from the store's per-tenant accounting. */
+        tkv_store_tenant_stats *tst = tkv_xcalloc(ts->n ? ts->n : 1, sizeof(*tst));
+        for (size_t i = 0; i < ts->n; i++)
+            tkv_store_get_tenant_stats(src->store, tkvd_tenant_store_id(ts->v[i]), &tst[i]);
+        static const char *const tier_name[TKV_NUM_TIERS] = {"", "l1", "l2", "l3"};
+        prom_family(b, "tierkv_tenant_blocks", "gauge", "Blocks held, per tenant and tier.");
+        for (size_t i = 0; i < ts->n; i++)
+            for (int t = TKV_TIER_L1; t < TKV_NUM_TIERS; t++)
+                buf_printf(b, "tierkv_tenant_blocks{tenant=\"%s\",tier=\"%s\"} %" PRIu64 "\n",
+                           ts->v[i]->name, tier_name[t], tst[i].blocks_tier[t]);
+        prom_family(b, "tierkv_tenant_quota_blocks", "gauge",
+                    "Configured quota per tenant and tier (0 = no limit).");
+        for (size_t i = 0; i < ts->n; i++)
+            buf_printf(b, "tierkv_tenant_quota_blocks{tenant=\"%s\",tier=\"l2\"} %" PRIu64 "\n",
+                       ts->v[i]->name, tst[i].max_blocks_tier[TKV_TIER_L2]);
+        prom_family(b, "tierkv_tenant_guaranteed_blocks", "gauge",
+                    "Guaranteed share per tenant and tier (0 = none).");
+        for (size_t i = 0; i < ts->n; i++)
+            buf_printf(b, "tierkv_tenant_guaranteed_blocks{tenant=\"%s\",tier=\"l2\"} %" PRIu64
+                       "\n", ts->v[i]->name, tst[i].guaranteed_blocks_tier[TKV_TIER_L2]);
+        prom_family(b, "tierkv_tenant_refused_blocks_total", "counter",
+                    "Blocks a tenant's put or alloc could not store within its quota.");
+        for (size_t i = 0; i < ts->n; i++)
+            buf_printf(b, "tierkv_tenant_refused_blocks_total{tenant=\"%s\"} %" PRIu64 "\n",
+                       ts->v[i]->name, tst[i].refused_blocks);
+        prom_family(b, "tierkv_tenant_own_evictions_total", "counter",
+                    "Own blocks a tenant evicted to stay within its quota.");
+        for (size_t i = 0; i < ts->n; i++)
+            buf_printf(b, "tierkv_tenant_own_evictions_total{tenant=\"%s\"} %" PRIu64 "\n",
+                       ts->v[i]->name, tst[i].own_evictions);
+        prom_family(b, "tierkv_tenant_guarded_skips_total", "counter",
+                    "Times a tenant's block was spared eviction by its guaranteed share.");
+        for (size_t i = 0; i < ts->n; i++)
+            buf_printf(b, "tierkv_tenant_guarded_skips_total{tenant=\"%s\"} %" PRIu64 "\n",
+                       ts->v[i]->name, tst[i].guarded_skips);
+        free(tst);
     }
 
     prom_family(b, "tierkv_lookup_duration_seconds", "histogram",

@@ -411,6 +411,19 @@ static int become_daemon(daemon_state *d)
     return 0;
 }
 
+/* Each tenant's L2 quota and guaranteed share, under its store id (tkvd_tenant_store_id). */
+static bool set_tenant_quotas(tkv_store_opts *so, const tkvd_config *cfg)
+{
+    for (size_t i = 0; i < cfg->tenants.n; i++) {
+        const tkvd_tenant *t = cfg->tenants.v[i];
+        if ((t->quota_l2_blocks || t->guaranteed_l2_blocks) &&
+            tkv_store_opts_set_tenant_quota(so, tkvd_tenant_store_id(t), TKV_TIER_L2,
+                                            t->quota_l2_blocks, t->guaranteed_l2_blocks) != TKV_OK)
+            return false;
+    }
+    return true;
+}
+
 /* The store's options from the configuration (the L1 tier's where the GPU is open).
  * Returns 0 or an exit code. */
 static int store_options(daemon_state *d)
@@ -433,7 +446,7 @@ static int store_options(daemon_state *d)
         tkv_store_opts_set_policy(so, cfg->policy) != TKV_OK ||
         tkv_store_opts_set_workers(so, cfg->store_workers) != TKV_OK ||
         tkv_store_opts_set_lease_ttl_ms(so, cfg->lease_ttl_ms, cfg->lease_ttl_max_ms) != TKV_OK ||
-        tkv_store_opts_set_l4(so, d->l4) != TKV_OK) {
+        tkv_store_opts_set_l4(so, d->l4) != TKV_OK || !set_tenant_quotas(so, cfg)) {
         TKV_LOG(TKV_LOG_ERROR, "the store refused the configuration (see the lines above)");
         return EXIT_CONFIG;
     }

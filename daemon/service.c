@@ -563,8 +563,9 @@ static void h_put(tkvd_call *k, const void *req, void *out)
     tkv_store_stats before, after;
     tkv_store_get_stats(svc->store, &before);
     size_t stored = 0;
-    int rc = tkv_store_put(svc->store, parent, keys + rq->first_block,
-                           rq->tokens + (size_t)rq->first_block * P, payloads, n, &stored);
+    int rc = tkv_store_put_as(svc->store, tkvd_tenant_store_id(k->tenant), parent,
+                              keys + rq->first_block, rq->tokens + (size_t)rq->first_block * P,
+                              payloads, n, &stored);
     if (!store_ok(k, rc, "put"))
         return;
     tkv_store_get_stats(svc->store, &after);
@@ -649,8 +650,9 @@ static void h_alloc(tkvd_call *k, const void *req, void *out)
     Tierkv__V1__AllocResponse *rsp = out;
     uint64_t *offsets = call_alloc(k, rq->num_blocks, sizeof(*offsets));
     uint64_t id = 0;
-    int rc = tkv_store_alloc_tier(k->svc->store, target_tier(k, rq->tier, "alloc"), rq->num_blocks,
-                                  k->owner_id, &id, offsets);
+    int rc = tkv_store_alloc_as(k->svc->store, tkvd_tenant_store_id(k->tenant),
+                                target_tier(k, rq->tier, "alloc"), rq->num_blocks, k->owner_id,
+                                &id, offsets);
     if (!store_ok(k, rc, "alloc"))
         return;
     rsp->alloc_id = id;

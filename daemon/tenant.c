@@ -178,9 +178,20 @@ int tkvd_tenants_set(tkvd_tenants *t, const char *name, const char *field, const
             snprintf(why, sizeof(why), "'%s' is not a boolean (on/off)", value);
             goto bad;
         }
+    } else if (strcmp(field, "quota_l2_blocks") == 0 ||
+               strcmp(field, "guaranteed_l2_blocks") == 0) {
+        uint64_t *slot = field[0] == 'q' ? &tn->quota_l2_blocks : &tn->guaranteed_l2_blocks;
+        errno = 0;
+        char *end = NULL;
+        unsigned long long v = isdigit((unsigned char)value[0]) ? strtoull(value, &end, 10) : 0;
+        if (!end || *end || errno || v > (1ull << 40)) {
+            snprintf(why, sizeof(why), "'%s' is not a block count (decimal, at most 2^40)", value);
+            goto bad;
+        }
+        *slot = v;
     } else {
         snprintf(why, sizeof(why), "unknown tenant field '%s' (uid, gid, tls_subject, "
-                 "token_sha256, admin, map_pool)", field);
+                 "token_sha256, admin, map_pool, quota_l2_blocks, guaranteed_l2_blocks)", field);
         goto bad;
     }
     if (fresh)
@@ -197,6 +208,12 @@ int tkvd_tenants_finish(const tkvd_tenants *t, char *err, size_t err_len)
 {
     for (size_t i = 0; i < t->n; i++) {
         const tkvd_tenant *a = t->v[i];
+        if (a->quota_l2_blocks && a->guaranteed_l2_blocks > a->quota_l2_blocks) {
+            set_err(err, err_len, "tenant.%s: guaranteed_l2_blocks %llu exceeds its "
+                    "quota_l2_blocks %llu", a->name, (unsigned long long)a->guaranteed_l2_blocks,
+                    (unsigned long long)a->quota_l2_blocks);
+            return TKV_EINVAL;
+        }
         if (!a->num_uids && !a->num_gids && !a->num_subjects && !a->num_tokens) {
             set_err(err, err_len, "tenant.%s: names no identity (uid, gid, tls_subject or "
                     "token_sha256): nobody could act as it", a->name);
@@ -289,6 +306,12 @@ void tkvd_tenants_print(const tkvd_tenants *t, FILE *f)
             fprintf(f, "tenant.%s.admin = on\n", a->name);
         if (a->map_pool)
             fprintf(f, "tenant.%s.map_pool = on\n", a->name);
+        if (a->quota_l2_blocks)
+            fprintf(f, "tenant.%s.quota_l2_blocks = %llu\n", a->name,
+                    (unsigned long long)a->quota_l2_blocks);
+        if (a->guaranteed_l2_blocks)
+            fprintf(f, "tenant.%s.guaranteed_l2_blocks = %llu\n", a->name,
+                    (unsigned long long)a->guaranteed_l2_blocks);
         for (size_t j = 0; j < a->num_tokens; j++) {
             fprintf(f, "tenant.%s.token_sha256 = ", a->name);
             for (int k = 0; k < TKVD_TOKEN_HASH_BYTES; k++)

@@ -37,7 +37,15 @@ typedef struct tkvd_tenant {
     bool admin;         /* may list, flush, verify and evict every tenant's blocks */
     bool map_pool;      /* a trusted engine: may attach and map the shared pools (which hold
                          * every tenant's blocks); others use put/get by value */
+    uint64_t quota_l2_blocks;       /* the most L2 blocks it may hold (0 = no limit) */
+    uint64_t guaranteed_l2_blocks;  /* L2 blocks no other tenant's load evicts (0 = none) */
 } tkvd_tenant;
+
+/* The tenant id of its blocks in the store (tkv_store_put_as): index + 1, 0 = no tenant. */
+static inline unsigned tkvd_tenant_store_id(const tkvd_tenant *t)
+{
+    return t ? t->index + 1 : 0;
+}
 
 typedef struct tkvd_tenants {
     tkvd_tenant *v[TKVD_TENANT_MAX];
@@ -75,7 +83,8 @@ void tkvd_tenants_free(tkvd_tenants *t);
 int tkvd_tenants_set(tkvd_tenants *t, const char *name, const char *field, const char *value,
                      const char *origin, char *err, size_t err_len);
 
-/* Whole-table checks: every tenant names at least one identity; no uid, subject or token
+/* Whole-table checks: a guaranteed share fits within the tenant's quota; every tenant names
+ * at least one identity; no uid, subject or token
  * belongs to two tenants (gids may overlap: a uid match wins, then the first tenant by
  * gid). TKV_OK or TKV_EINVAL. */
 int tkvd_tenants_finish(const tkvd_tenants *t, char *err, size_t err_len);

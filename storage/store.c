@@ -68,6 +68,7 @@ struct tkv_store_opts {
     const tkv_l1_ops *l1_ops;
     void *l1_ctx;
     tkv_l4 *l4;
+    uint64_t tq_max[TKV_STORE_TENANTS_MAX], tq_guar[TKV_STORE_TENANTS_MAX]; /* L2 */
 };
 
 #define MAX_BLOCK_BYTES (1ull << 30)
@@ -200,6 +201,20 @@ int tkv_store_opts_set_l4(tkv_store_opts *o, tkv_l4 *l4)
     return TKV_OK;
 }
 
+int tkv_store_opts_set_tenant_quota(tkv_store_opts *o, unsigned tenant, int tier,
+                                    uint64_t max_blocks, uint64_t guaranteed_blocks)
+{
+    if (!o || tenant >= TKV_STORE_TENANTS_MAX || tier < TKV_TIER_L1 || tier >= TKV_NUM_TIERS)
+        return TKV_EINVAL;
+    if (tier != TKV_TIER_L2)
+        return TKV_EUNSUPPORTED;
+    if (max_blocks && guaranteed_blocks > max_blocks)
+        return TKV_EINVAL;
+    o->tq_max[tenant] = max_blocks;
+    o->tq_guar[tenant] = guaranteed_blocks;
+    return TKV_OK;
+}
+
 int tkv_store_opts_set_lease_ttl_ms(tkv_store_opts *o, uint32_t dflt, uint32_t max)
 {
     if (!o || dflt == 0 || max == 0 || dflt > max)
@@ -233,6 +248,7 @@ typedef struct tier {
 
 typedef struct alloc_rec {
     uint64_t id, owner;
+    unsigned tenant;
     int tier;               /* TKV_TIER_L2 or TKV_TIER_L1 */
     size_t n;
     uint64_t *slots;
@@ -305,6 +321,17 @@ struct tkv_store {
     bool reaper_started;
 
     tkv_store_stats st;       /* counters only; the gauges are filled by get_stats */
+
+    /* Per-tenant accounting (mu). tenant_limits: some tenant has a quota or guarantee, so
+     * victims are checked against them (otherwise the policy's victim is taken as is). */
+    struct tenant_acct {
+        uint64_t blocks[TKV_NUM_TIERS];
+        uint64_t max_l2, guar_l2;
+        uint64_t reserved_l2;   /* L2 slots taken for the tenant's blocks, not yet entered:
+                                 * they count against its quota (puts copying, allocations) */
+        uint64_t refused, own_evictions, guarded_skips;
+    } tn[TKV_STORE_TENANTS_MAX];
+    bool tenant_limits;
 };
 
 static void rd_lock(tkv_store *s) { pthread_rwlock_rdlock(&s->idx_lock); }
@@ -406,6 +433,7 @@ static void tier_enter(tkv_store *s, tkv_entry *e, int t, uint64_t now_ns)
             pe->num_children++;
     e->resident |= RES(t);
     T->num_blocks++;
+    s->tn[e->tenant].blocks[t]++;
     T->ops->inserted(T->pstate, pe, now_ns);
     for (tkv_entry *c = e->first_child; c; c = c->next_sibling) {
         if (c->resident & RES(t)) {
@@ -436,6 +464,7 @@ static void tier_leave(tkv_store *s, tkv_entry *e, int t)
     }
     e->resident &= (uint8_t)~RES(t);
     T->num_blocks--;
+    s->tn[e->tenant].blocks[t]--;
     if (t == TKV_TIER_L2) {
         tkv_pool_free(s->pool, e->l2_slot);
         e->l2_slot = UINT64_MAX;
@@ -530,19 +559,74 @@ static int l1_reserve(tkv_store *s, size_t want, uint64_t *slots, size_t *got)
 
 enum { RESERVE_WAIT = 1 };
 
-/* Takes up to `want` free L2 slots into slots[], evicting unpinned victims: durable ones (or
- * any when L3 cannot take them) leave L2 now; the others are queued for demotion and leave
- * once durable. tails_only: stop at a victim with cached children instead of evicting it
- * (the policy offers one only when no unpinned tail is left). *got = slots taken. Returns
- * TKV_OK when all were taken, RESERVE_WAIT when demotions are pending (the caller drops the
- * locks, helps write back, retries), else TKV_EFULL. */
-static int l2_reserve(tkv_store *s, size_t want, bool tails_only, uint64_t *slots, size_t *got)
+/* mu held: may room for tenant tn be made by evicting e from L2? Not when e belongs to
+ * another tenant that holds no more than its guaranteed share. */
+static bool l2_may_evict_for(tkv_store *s, const tkv_entry *e, unsigned tn)
+{
+    const struct tenant_acct *a = &s->tn[e->tenant];
+    return e->tenant == tn || !a->guar_l2 || a->blocks[TKV_TIER_L2] > a->guar_l2;
+}
+
+/* mu held: the next L2 victim for tenant tn: the policy's, or with tenant limits the first in
+ * its order that is tn's own (own_only) or that l2_may_evict_for allows. Blocks passed over
+ * are pinned for the walk, so the policy offers the next one, and unpinned after it (at most
+ * TKV_TENANT_SKIP_MAX of them: O(1) per slot). tails_only as in l2_reserve. NULL if none. */
+static tkv_entry *l2_victim(tkv_store *s, unsigned tn, bool own_only, bool tails_only)
 {
     tier *T = &s->tiers[TKV_TIER_L2];
+    tkv_entry *skipped[TKV_TENANT_SKIP_MAX], *found = NULL;
+    size_t ns = 0;
+    for (;;) {
+        tkv_policy_entry *v = T->ops->victim(T->pstate);
+        if (!v || (tails_only && v->num_children))
+            break;
+        tkv_entry *e = entry_of_pe(v, TKV_TIER_L2);
+        if (!s->tenant_limits)
+            return e;
+        if (own_only ? e->tenant == tn : l2_may_evict_for(s, e, tn)) {
+            found = e;
+            break;
+        }
+        if (!own_only)
+            s->tn[e->tenant].guarded_skips++;
+        if (ns == TKV_TENANT_SKIP_MAX)
+            break;
+        entry_pin(s, e);
+        skipped[ns++] = e;
+    }
+    for (size_t i = 0; i < ns; i++)
+        entry_unpin(s, skipped[i]);
+    return found;
+}
+
+/* Takes up to `want` free L2 slots into slots[] for tenant tn, evicting unpinned victims:
+ * durable ones (or any when L3 cannot take them) leave L2 now; the others are queued for
+ * demotion and leave once durable. tails_only: stop at a victim with cached children instead
+ * of evicting it (the policy offers one only when no unpinned tail is left). held: slots this
+ * call already took for tn (they count against its quota). With a quota, a tenant at it takes
+ * a slot only after evicting one of its own blocks. *got = slots taken. Returns TKV_OK when
+ * all were taken, RESERVE_WAIT when demotions are pending (the caller drops the locks, helps
+ * write back, retries), else TKV_EFULL. */
+static int l2_reserve(tkv_store *s, unsigned tn, size_t held, size_t want, bool tails_only,
+                      uint64_t *slots, size_t *got)
+{
+    struct tenant_acct *ta = &s->tn[tn];
+    uint64_t draining = 0; /* own blocks this call queued to leave once durable */
     *got = 0;
     for (;;) {
+        size_t take = want - *got;
+        bool at_quota = false;
+        if (ta->max_l2) {
+            uint64_t mine = ta->blocks[TKV_TIER_L2] + ta->reserved_l2 + held + *got;
+            uint64_t room = mine < ta->max_l2 ? ta->max_l2 - mine : 0;
+            if (room < take) {
+                take = (size_t)room;
+                at_quota = true;
+            }
+        }
         uint64_t nfree = tkv_pool_num_free(s->pool);
-        size_t take = want - *got < nfree ? want - *got : (size_t)nfree;
+        if (take > nfree)
+            take = (size_t)nfree;
         if (take) {
             int rc = tkv_pool_alloc(s->pool, take, slots + *got);
             TKV_ASSERT(rc == TKV_OK);
@@ -550,16 +634,23 @@ static int l2_reserve(tkv_store *s, size_t want, bool tails_only, uint64_t *slot
         }
         if (*got == want)
             return TKV_OK;
-        tkv_policy_entry *v = T->ops->victim(T->pstate);
-        if (!v || (tails_only && v->num_children))
+        /* Enough own blocks are on their way out: wait for them rather than evict more (the
+         * quota is not exceeded meanwhile, even for a moment). */
+        if (at_quota && draining >= want - *got)
+            return RESERVE_WAIT;
+        tkv_entry *e = l2_victim(s, tn, at_quota, tails_only);
+        if (!e)
             break;
-        tkv_entry *e = entry_of_pe(v, TKV_TIER_L2);
         TKV_ASSERT(e->pins == 0 && (e->resident & RES(TKV_TIER_L2)));
+        if (e->tenant == tn && ta->max_l2)
+            ta->own_evictions++;
         if ((e->resident & RES(TKV_TIER_L3)) || !l3_writable(s) || !e->tokens) {
             tier_leave(s, e, TKV_TIER_L2);
             s->st.evictions++;
             entry_drop_if_gone(s, e);
         } else {
+            if (e->tenant == tn)
+                draining++;
             e->flags |= F_DROP_L2;
             wb_queue(s, e); /* pins it: victim() will not offer it again */
         }
@@ -588,8 +679,8 @@ static void help_writeback(tkv_store *s)
  * the way, drops the locks, helps the write-back along and retries, until
  * RESERVE_DEADLINE_NS. *got = slots taken (the first of slots[]). TKV_OK when all were taken,
  * TKV_ECLOSED when the store is closing, else TKV_EFULL. */
-static int reserve_slots(tkv_store *s, int t, size_t want, bool tails_only, uint64_t *slots,
-                         size_t *got)
+static int reserve_slots(tkv_store *s, int t, unsigned tn, size_t want, bool tails_only,
+                         uint64_t *slots, size_t *got)
 {
     uint64_t deadline = tkv_now_ns() + RESERVE_DEADLINE_NS;
     *got = 0;
@@ -598,17 +689,23 @@ static int reserve_slots(tkv_store *s, int t, size_t want, bool tails_only, uint
             return TKV_ECLOSED;
         size_t more = 0;
         int rc = t == TKV_TIER_L1 ? l1_reserve(s, want - *got, slots + *got, &more)
-                                  : l2_reserve(s, want - *got, tails_only, slots + *got, &more);
+                                  : l2_reserve(s, tn, *got, want - *got, tails_only,
+                                               slots + *got, &more);
         *got += more;
         if (rc == TKV_OK)
             return TKV_OK;
         if (rc != RESERVE_WAIT || tkv_now_ns() > deadline)
             return TKV_EFULL;
+        /* The slots taken so far count against tn's quota while the locks are down. */
+        if (t == TKV_TIER_L2)
+            s->tn[tn].reserved_l2 += *got;
         unlock(s);
         idx_unlock(s);
         help_writeback(s);
         wr_lock(s);
         lock(s);
+        if (t == TKV_TIER_L2)
+            s->tn[tn].reserved_l2 -= *got;
     }
 }
 
@@ -778,6 +875,12 @@ int tkv_store_open(const tkv_store_opts *o, tkv_store **out)
     }
     s->tiers[TKV_TIER_L2].enabled = true;
     s->tiers[TKV_TIER_L2].capacity_blocks = o->l2_blocks;
+    for (unsigned i = 0; i < TKV_STORE_TENANTS_MAX; i++) {
+        s->tn[i].max_l2 = o->tq_max[i];
+        s->tn[i].guar_l2 = o->tq_guar[i];
+        if (o->tq_max[i] || o->tq_guar[i])
+            s->tenant_limits = true;
+    }
     s->tiers[TKV_TIER_L3].enabled = o->l3_dir != NULL;
     /* L3 capacity in blocks of raw size (what the manager counts); 0 bytes = unlimited. */
     uint64_t l3_blocks = o->l3_capacity_bytes / o->block_bytes;
@@ -1136,6 +1239,8 @@ static void slot_free(tkv_store *s, int t, uint64_t slot)
 
 static void alloc_free(tkv_store *s, alloc_rec *a, size_t from)
 {
+    if (a->tier == TKV_TIER_L2)
+        s->tn[a->tenant].reserved_l2 -= a->n;
     for (size_t i = from; i < a->n; i++)
         slot_free(s, a->tier, a->slots[i]);
     free(a->slots);
@@ -1230,7 +1335,7 @@ static bool l2_admit(tkv_store *s, tkv_entry *e, tkv_entry *pe, uint64_t now, bo
     return true;
 }
 
-static int put_chunk(tkv_store *s, const tkv_key *parent, bool parent_in_put,
+static int put_chunk(tkv_store *s, unsigned tn, const tkv_key *parent, bool parent_in_put,
                      const tkv_key *keys, const uint32_t *tokens, const void *const *payloads,
                      size_t n, tkv_entry **ents, size_t *idx, uint64_t *slots,
                      size_t *num_stored)
@@ -1255,6 +1360,7 @@ static int put_chunk(tkv_store *s, const tkv_key *parent, bool parent_in_put,
         tkv_entry *pe = tkv_index_find(s->ix, pk);
         tkv_entry *e = tkv_entry_new(&keys[i], pk, pe ? pe->depth + 1 : 0);
         e->state = TKV_BLOCK_WRITING;
+        e->tenant = (uint8_t)tn;
         /* Still asked when the block before it in this put was not stored (the policy sees
          * the whole put), but then not stored either: no lookup could reach it. */
         bool reachable = pe || (i == 0 && !parent_in_put);
@@ -1279,7 +1385,7 @@ static int put_chunk(tkv_store *s, const tkv_key *parent, bool parent_in_put,
         under = NULL;
     if (under)
         entry_pin(s, under);
-    reserve_slots(s, TKV_TIER_L2, m, !l3_writable(s), slots, &got);
+    reserve_slots(s, TKV_TIER_L2, tn, m, !l3_writable(s), slots, &got);
     if (under)
         entry_unpin(s, under);
     rc = TKV_OK;
@@ -1293,6 +1399,7 @@ static int put_chunk(tkv_store *s, const tkv_key *parent, bool parent_in_put,
     m = got;
     for (size_t j = 0; j < m; j++)
         ents[j]->l2_slot = slots[j];
+    s->tn[tn].reserved_l2 += m; /* until they enter L2 below */
     unlock(s);
     idx_unlock(s);
 
@@ -1307,6 +1414,7 @@ static int put_chunk(tkv_store *s, const tkv_key *parent, bool parent_in_put,
     uint64_t wall = tkv_wall_ms();
     bool l4_now[256]; /* blocks that reach L4 from here, not through write-back */
     TKV_ASSERT(m <= 256);
+    s->tn[tn].reserved_l2 -= m;
     for (size_t j = 0; j < m; j++) {
         tkv_entry *e = ents[j];
         entry_set_tokens(s, e, tokens + idx[j] * (size_t)s->block_tokens);
@@ -1320,6 +1428,7 @@ static int put_chunk(tkv_store *s, const tkv_key *parent, bool parent_in_put,
     s->st.put_blocks += n;
     s->st.put_dup_blocks += dup;
     s->st.put_rejected_blocks += rejected + no_room;
+    s->tn[tn].refused += no_room;
     *num_stored += m;
     /* A put the policy did not admit is an answer, not an error: the caller learns it from
      * num_stored. Only admitted blocks that found no room at all are a failure. */
@@ -1342,10 +1451,17 @@ int tkv_store_put(tkv_store *s, const tkv_key *parent, const tkv_key *keys,
                   const uint32_t *tokens, const void *const *payloads, size_t num_blocks,
                   size_t *num_stored)
 {
+    return tkv_store_put_as(s, 0, parent, keys, tokens, payloads, num_blocks, num_stored);
+}
+
+int tkv_store_put_as(tkv_store *s, unsigned tenant, const tkv_key *parent, const tkv_key *keys,
+                     const uint32_t *tokens, const void *const *payloads, size_t num_blocks,
+                     size_t *num_stored)
+{
     size_t stored = 0;
     if (num_stored)
         *num_stored = 0;
-    if (!s || (num_blocks && (!keys || !tokens || !payloads)) || num_blocks > MAX_KEYS_PER_CALL)
+    if (!s || tenant >= TKV_STORE_TENANTS_MAX || (num_blocks && (!keys || !tokens || !payloads)) || num_blocks > MAX_KEYS_PER_CALL)
         return TKV_EINVAL;
     for (size_t i = 0; i < num_blocks; i++)
         if (!payloads[i])
@@ -1362,7 +1478,7 @@ int tkv_store_put(tkv_store *s, const tkv_key *parent, const tkv_key *keys,
     int rc = TKV_OK;
     for (size_t off = 0; off < num_blocks; off += chunk) {
         size_t n = num_blocks - off < chunk ? num_blocks - off : chunk;
-        rc = put_chunk(s, off ? &keys[off - 1] : parent, off > 0, keys + off,
+        rc = put_chunk(s, tenant, off ? &keys[off - 1] : parent, off > 0, keys + off,
                        tokens + off * (size_t)s->block_tokens, payloads + off, n, ents, idx,
                        slots, &stored);
         if (rc != TKV_OK)
@@ -1396,7 +1512,13 @@ int tkv_store_alloc(tkv_store *s, size_t n, uint64_t owner, uint64_t *alloc_id,
 int tkv_store_alloc_tier(tkv_store *s, int tier_id, size_t n, uint64_t owner,
                          uint64_t *alloc_id, uint64_t *offsets)
 {
-    if (!s || n == 0 || !alloc_id || !offsets)
+    return tkv_store_alloc_as(s, 0, tier_id, n, owner, alloc_id, offsets);
+}
+
+int tkv_store_alloc_as(tkv_store *s, unsigned tenant, int tier_id, size_t n, uint64_t owner,
+                       uint64_t *alloc_id, uint64_t *offsets)
+{
+    if (!s || n == 0 || !alloc_id || !offsets || tenant >= TKV_STORE_TENANTS_MAX)
         return TKV_EINVAL;
     if (tier_id == TKV_TIER_L1 && !s->l1_ops)
         return TKV_EUNSUPPORTED;
@@ -1408,11 +1530,14 @@ int tkv_store_alloc_tier(tkv_store *s, int tier_id, size_t n, uint64_t owner,
     size_t got = 0;
     wr_lock(s);
     lock(s);
-    int rc = reserve_slots(s, tier_id, n, false, slots, &got);
+    int rc = reserve_slots(s, tier_id, tenant, n, false, slots, &got);
     if (rc == TKV_OK) {
         alloc_rec *a = tkv_xcalloc(1, sizeof(*a));
         a->id = s->next_alloc_id++;
         a->owner = owner;
+        a->tenant = tenant;
+        if (tier_id == TKV_TIER_L2) /* until commit or abort */
+            s->tn[tenant].reserved_l2 += n;
         a->tier = tier_id;
         a->n = n;
         a->slots = slots;
@@ -1427,6 +1552,7 @@ int tkv_store_alloc_tier(tkv_store *s, int tier_id, size_t n, uint64_t owner,
     } else {
         for (size_t i = 0; i < got; i++)
             slot_free(s, tier_id, slots[i]);
+        s->tn[tenant].refused += n;
     }
     unlock(s);
     idx_unlock(s);
@@ -1481,13 +1607,15 @@ int tkv_store_alloc_write(tkv_store *s, uint64_t alloc_id, uint32_t index, const
 /* No locks held: copies the first blocks of L1 slots down into newly reserved L2 slots.
  * Returns how many got a copy (a prefix: L2 may be short of room); *out gets a malloc'ed
  * array of their L2 slots. */
-static size_t l1_copy_down(tkv_store *s, const uint64_t *l1slots, size_t n, uint64_t **out)
+static size_t l1_copy_down(tkv_store *s, unsigned tn, const uint64_t *l1slots, size_t n,
+                           uint64_t **out)
 {
     uint64_t *slots = tkv_xmalloc((n ? n : 1) * sizeof(*slots));
     size_t got = 0;
     wr_lock(s);
     lock(s);
-    reserve_slots(s, TKV_TIER_L2, n, false, slots, &got); /* a prefix is enough */
+    reserve_slots(s, TKV_TIER_L2, tn, n, false, slots, &got); /* a prefix is enough */
+    s->tn[tn].reserved_l2 += got; /* until the commit enters or frees them */
     unlock(s);
     idx_unlock(s);
     if (got) {
@@ -1501,6 +1629,7 @@ static size_t l1_copy_down(tkv_store *s, const uint64_t *l1slots, size_t n, uint
             for (size_t i = 0; i < got; i++)
                 tkv_pool_free(s->pool, slots[i]);
             s->st.io_errors++;
+            s->tn[tn].reserved_l2 -= got;
             got = 0;
         } else {
             s->st.demotions += got;
@@ -1538,7 +1667,7 @@ int tkv_store_commit(tkv_store *s, uint64_t alloc_id, const tkv_key *parent,
     uint64_t *l2slots = a->slots;
     size_t num_l2 = n;
     if (a->tier == TKV_TIER_L1)
-        num_l2 = l1_copy_down(s, a->slots, n, &l2slots);
+        num_l2 = l1_copy_down(s, a->tenant, a->slots, n, &l2slots);
     uint64_t *csums = tkv_xmalloc((n ? n : 1) * sizeof(*csums));
     for (size_t i = 0; i < num_l2; i++)
         csums[i] = tkv_csum64(slot_ptr(s, l2slots[i]), s->block_bytes);
@@ -1558,6 +1687,7 @@ int tkv_store_commit(tkv_store *s, uint64_t alloc_id, const tkv_key *parent,
         }
         tkv_entry *p = tkv_index_find(s->ix, pk);
         tkv_entry *e = tkv_entry_new(&keys[i], pk, p ? p->depth + 1 : 0);
+        e->tenant = (uint8_t)a->tenant;
         if (!l2_admit(s, e, p, now, i < num_l2)) {
             tkv_entry_free(e);
             slot_free(s, a->tier, a->slots[i]);
@@ -1586,6 +1716,8 @@ int tkv_store_commit(tkv_store *s, uint64_t alloc_id, const tkv_key *parent,
         stored++;
     }
     bool own_l2 = a->tier == TKV_TIER_L1;
+    if (own_l2)
+        s->tn[a->tenant].reserved_l2 -= num_l2; /* entered or freed above */
     alloc_free(s, a, n); /* the slots beyond n go back to the pool */
     if (own_l2)
         free(l2slots);
@@ -1971,7 +2103,7 @@ static void run_prefetch(tkv_store *s, prefetch_job *j)
     if (n) {
         wr_lock(s);
         lock(s);
-        reserve_slots(s, TKV_TIER_L2, n, false, slots, &got); /* blocks without a slot fail EFULL */
+        reserve_slots(s, TKV_TIER_L2, 0, n, false, slots, &got); /* blocks without a slot fail EFULL */
         unlock(s);
         idx_unlock(s);
     }
@@ -2680,6 +2812,24 @@ int tkv_store_list(tkv_store *s, int (*cb)(void *arg, const tkv_block_info *b), 
         if (cb(arg, &lc.infos[i]))
             break;
     free(lc.infos);
+    return TKV_OK;
+}
+
+int tkv_store_get_tenant_stats(tkv_store *s, unsigned tenant, tkv_store_tenant_stats *out)
+{
+    if (!s || !out || tenant >= TKV_STORE_TENANTS_MAX)
+        return TKV_EINVAL;
+    memset(out, 0, sizeof(*out));
+    lock(s);
+    const struct tenant_acct *a = &s->tn[tenant];
+    for (int t = 0; t < TKV_NUM_TIERS; t++)
+        out->blocks_tier[t] = a->blocks[t];
+    out->max_blocks_tier[TKV_TIER_L2] = a->max_l2;
+    out->guaranteed_blocks_tier[TKV_TIER_L2] = a->guar_l2;
+    out->refused_blocks = a->refused;
+    out->own_evictions = a->own_evictions;
+    out->guarded_skips = a->guarded_skips;
+    unlock(s);
     return TKV_OK;
 }
 

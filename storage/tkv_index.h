@@ -38,6 +38,7 @@ typedef struct tkv_entry {
     uint8_t linked;              /* in the hash table */
     uint8_t resident;            /* bit (1 << tier) per tier holding it */
     uint8_t flags;               /* store-private */
+    uint8_t tenant;              /* tenant id (tkv_store.h), set at put/commit */
     int16_t promote_err;         /* result of the last promotion attempt (TKV_*) */
     uint32_t pins;               /* leases + in-flight I/O; never evicted while nonzero */
     uint32_t num_tokens;

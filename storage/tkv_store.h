@@ -50,6 +50,25 @@ int tkv_store_opts_set_policy(tkv_store_opts *o, const char *name);        /* de
 int tkv_store_opts_set_workers(tkv_store_opts *o, unsigned n);             /* default 4 */
 int tkv_store_opts_set_lease_ttl_ms(tkv_store_opts *o, uint32_t dflt, uint32_t max);
 
+/* ---- tenants ------------------------------------------------------------------------------
+ * Every block belongs to a tenant: a small id the caller gives at put/alloc (0 = none, the
+ * default; the daemon gives tenant index + 1), kept on the block for its life. Per tenant and
+ * tier the store counts the blocks held and may enforce:
+ *   max_blocks        the most blocks of the tenant in the tier (0 = no limit). A put or
+ *                     allocation at the limit makes room by evicting the tenant's own blocks
+ *                     (unpinned, in the policy's victim order); where none can go, the blocks
+ *                     that do not fit are refused (rejected, as for a full tier);
+ *   guaranteed_blocks a share no other tenant's load evicts (0 = none): while the tenant holds
+ *                     no more than this, room for others is made from other blocks.
+ * Only TKV_TIER_L2 takes limits (TKV_EUNSUPPORTED for others). The victim search skips at most
+ * TKV_TENANT_SKIP_MAX blocks of other tenants per slot (O(1) per block), then gives up for
+ * that slot as if every block were pinned. Blocks loaded from L3 at open, promoted or filled
+ * from L4 keep or get tenant 0 unless they were put this life; limits act only on put/alloc. */
+#define TKV_STORE_TENANTS_MAX 128
+#define TKV_TENANT_SKIP_MAX 256
+int tkv_store_opts_set_tenant_quota(tkv_store_opts *o, unsigned tenant, int tier,
+                                    uint64_t max_blocks, uint64_t guaranteed_blocks);
+
 /* ---- the GPU tier (L1) ------------------------------------------------------------------
  * The store keeps L1's slot accounting, leases, states and policy like any tier; the bytes
  * live in device memory that only a backend can touch. The daemon's backend is tkvd_gpu
@@ -157,6 +176,10 @@ int tkv_store_get(tkv_store *s, uint64_t lease_id, uint32_t index, void *dst, si
 int tkv_store_put(tkv_store *s, const tkv_key *parent, const tkv_key *keys,
                   const uint32_t *tokens, const void *const *payloads, size_t num_blocks,
                   size_t *num_stored);
+/* The same, for tenant `tenant` (< TKV_STORE_TENANTS_MAX; tkv_store_put is tenant 0). */
+int tkv_store_put_as(tkv_store *s, unsigned tenant, const tkv_key *parent, const tkv_key *keys,
+                     const uint32_t *tokens, const void *const *payloads, size_t num_blocks,
+                     size_t *num_stored);
 
 /* ---- zero-copy write path: alloc -> write slots -> commit ---------------------------------- */
 /* Reserves n L2 slots in state WRITING for owner; *alloc_id names them; offsets[n] gets their
@@ -170,6 +193,10 @@ int tkv_store_alloc(tkv_store *s, size_t n, uint64_t owner, uint64_t *alloc_id,
  * L2. TKV_EUNSUPPORTED when the store has no such tier. */
 int tkv_store_alloc_tier(tkv_store *s, int tier, size_t n, uint64_t owner, uint64_t *alloc_id,
                          uint64_t *offsets);
+/* The same for tenant `tenant`: the L2 slots are reserved under its quota and the committed
+ * blocks are its. */
+int tkv_store_alloc_as(tkv_store *s, unsigned tenant, int tier, size_t n, uint64_t owner,
+                       uint64_t *alloc_id, uint64_t *offsets);
 /* Writes src (block_bytes) into slot `index` of an allocation (for clients that cannot write
  * the pool themselves). */
 int tkv_store_alloc_write(tkv_store *s, uint64_t alloc_id, uint32_t index, const void *src);
@@ -223,6 +250,17 @@ typedef struct tkv_store_stats {
 } tkv_store_stats;
 
 void tkv_store_get_stats(tkv_store *s, tkv_store_stats *out);
+
+typedef struct tkv_store_tenant_stats {
+    uint64_t blocks_tier[TKV_NUM_TIERS];       /* held now */
+    uint64_t max_blocks_tier[TKV_NUM_TIERS];   /* configured limits (0 = none) */
+    uint64_t guaranteed_blocks_tier[TKV_NUM_TIERS];
+    uint64_t refused_blocks;    /* put/alloc blocks that found no room within the quota */
+    uint64_t own_evictions;     /* own blocks evicted to stay within the quota */
+    uint64_t guarded_skips;     /* times a block of this tenant was spared by its guarantee */
+} tkv_store_tenant_stats;
+/* TKV_EINVAL for a tenant >= TKV_STORE_TENANTS_MAX. */
+int tkv_store_get_tenant_stats(tkv_store *s, unsigned tenant, tkv_store_tenant_stats *out);
 
 #ifdef __cplusplus
 }

@@ -35,6 +35,10 @@ START_TEST(parses_and_maps_peers)
     ck_assert_ptr_nonnull(b);
     ck_assert(ops && ops->admin && !a->admin && !a->map_pool);
     ck_assert_uint_eq(a->num_uids, 3);
+    ck_assert_int_eq(set(&c, "tenant.a.quota_l2_blocks", "40", err), TKV_OK);
+    ck_assert_int_eq(set(&c, "tenant.a.guaranteed_l2_blocks", "8", err), TKV_OK);
+    ck_assert(a->quota_l2_blocks == 40 && a->guaranteed_l2_blocks == 8);
+    ck_assert_uint_eq(tkvd_tenant_store_id(a), a->index + 1);
 
     tkvd_identity p = {.has_ucred = true, .uid = 1001, .gid = 7};
     ck_assert_ptr_eq(tkvd_tenant_of_peer(t, &p), a);
@@ -77,6 +81,10 @@ START_TEST(refuses_bad_lines)
         {"tenant.a.tls_subject", "", "must not be empty"},
         {"tenant.a.admin", "maybe", "not a boolean"},
         {"tenant.a.quota", "1", "unknown tenant field"},
+        {"tenant.a.quota_l2_blocks", "-1", "not a block count"},
+        {"tenant.a.quota_l2_blocks", "12x", "not a block count"},
+        {"tenant.a.guaranteed_l2_blocks", "", "not a block count"},
+        {"tenant.a.guaranteed_l2_blocks", "1099511627777", "not a block count"},
         {"tenant.a b.uid", "1", "tenant name"},
         {"tenant..uid", "1", "tenant.<name>.<field>"},
         {"tenant.uid", "1", "tenant.<name>.<field>"},
@@ -105,6 +113,10 @@ START_TEST(table_checks)
         {"tenant.a.tls_subject", "CN=x", "tenant.b.tls_subject", "CN=x", "belongs to tenants a and b"},
         {"tenant.a.token_sha256", SHA_TEST, "tenant.b.token_sha256", SHA_TEST, "belongs to tenants a and b"},
         {"tenant.a.uid", "5", "tenant.b.admin", "on", "tenant.b: names no identity"},
+        {"tenant.a.quota_l2_blocks", "4", "tenant.a.guaranteed_l2_blocks", "5",
+         "exceeds its quota_l2_blocks"},
+        {"tenant.a.uid", "5", "tenant.a.guaranteed_l2_blocks", "1099511627776",
+         "more than the"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         tkvd_config c;
