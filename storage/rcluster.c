@@ -18,7 +18,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +28,8 @@
 #include <sys/time.h>
 #include <sys/uio.h>
 #include <unistd.h>
+
+#include <hiredis/sds.h>
 
 #define MAX_REDIRECTS 5
 #define MAP_MIN_INTERVAL_NS 100000000ull /* reload the slot map at most every 100 ms */
@@ -116,6 +120,101 @@ int tkv_rc_parse_nodes(const char *list, char hosts[][64], int *ports, int max, 
 }
 
 /* ============================================================================================
+ * Large string buffers, kept for reuse
+ *
+ * A lookup of 16 blocks of 1 MiB hands 16 replies to its caller, who frees them together; from
+ * glibc's heap that is 16 MiB grown (page faults on fresh pages) and trimmed (brk) every round.
+ * Strings of POOL_MIN_BYTES or more are therefore taken from, and given back to, a small
+ * process-wide free list. Its buffers are plain malloc blocks, so a reply freed the ordinary
+ * way (freeReplyObject) is still correct, it just does not come back to the list.
+ * ========================================================================================== */
+
+#define POOL_MIN_BYTES (64u << 10)
+#define POOL_ROUND (64u << 10)     /* sizes rounded up, so near sizes share buffers */
+#define POOL_MAX_BUFS 64           /* idle at most 64 buffers (64 MiB of 1 MiB values) */
+
+static pthread_mutex_t g_pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static void *g_pool[POOL_MAX_BUFS];
+static int g_pool_n;
+
+void *tkv_rc_buf_get(size_t bytes)
+{
+    if (bytes < POOL_MIN_BYTES)
+        return tkv_xmalloc(bytes);
+    pthread_mutex_lock(&g_pool_mu);
+    for (int i = g_pool_n - 1; i >= 0; i--) {
+        size_t have = malloc_usable_size(g_pool[i]);
+        if (have >= bytes && have <= 2 * bytes + POOL_ROUND) {
+            void *p = g_pool[i];
+            g_pool[i] = g_pool[--g_pool_n];
+            pthread_mutex_unlock(&g_pool_mu);
+            return p;
+        }
+    }
+    pthread_mutex_unlock(&g_pool_mu);
+    return tkv_xmalloc((bytes + POOL_ROUND - 1) / POOL_ROUND * POOL_ROUND);
+}
+
+void tkv_rc_buf_release(void *p)
+{
+    if (!p)
+        return;
+    if (malloc_usable_size(p) >= POOL_MIN_BYTES) {
+        pthread_mutex_lock(&g_pool_mu);
+        if (g_pool_n < POOL_MAX_BUFS) {
+            g_pool[g_pool_n++] = p;
+            p = NULL;
+        }
+        pthread_mutex_unlock(&g_pool_mu);
+    }
+    free(p);
+}
+
+void tkv_rc_reply_free(redisReply *r)
+{
+    if (!r)
+        return;
+    if (r->type == REDIS_REPLY_STRING) {
+        tkv_rc_buf_release(r->str);
+        r->str = NULL;
+    }
+    freeReplyObject(r);
+}
+
+/* hiredis's reply builders with one change: a large string's copy goes into a pool buffer.
+ * The default builder makes the reply (and links it into its parent) with an empty string,
+ * whose 1-byte buffer is then swapped for ours. */
+static redisReplyObjectFunctions g_fn;
+static void *(*g_fn_default_string)(const redisReadTask *, char *, size_t);
+static pthread_once_t g_fn_once = PTHREAD_ONCE_INIT;
+
+static void *create_string(const redisReadTask *t, char *str, size_t len)
+{
+    if (len < POOL_MIN_BYTES)
+        return g_fn_default_string(t, str, len);
+    redisReply *r = g_fn_default_string(t, str, 0);
+    if (!r)
+        return NULL;
+    char *buf = tkv_rc_buf_get(len + 1);
+    memcpy(buf, str, len);
+    buf[len] = '\0';
+    free(r->str);
+    r->str = buf;
+    r->len = len;
+    return r;
+}
+
+static void fn_init(void)
+{
+    redisReader *rd = redisReaderCreate();
+    TKV_ASSERT(rd != NULL); /* out of memory at the first connect */
+    g_fn = *rd->fn;
+    g_fn_default_string = rd->fn->createString;
+    g_fn.createString = create_string;
+    redisReaderFree(rd);
+}
+
+/* ============================================================================================
  * Nodes and connections
  * ========================================================================================== */
 
@@ -156,7 +255,6 @@ struct tkv_rc {
     int16_t *ask;                  /* ASK target, or -1 */
     uint8_t *redirects;
     size_t *order;                 /* commands grouped by node, in send order */
-    char *rbuf;                    /* READ_BYTES, for socket reads */
 };
 
 static int node_find_add(tkv_rc *rc, const char *host, int port)
@@ -332,6 +430,8 @@ static redisContext *node_conn(tkv_rc *rc, node *nd)
     /* Keep the reader's buffer between replies: hiredis frees any idle buffer over 16 KiB,
      * so each 1 MiB value would grow a new one from nothing, copying it ~7 times. */
     nd->c->reader->maxbuf = 0;
+    pthread_once(&g_fn_once, fn_init);
+    nd->c->reader->fn = &g_fn;
     if (rc->password) {
         const char *argv[3] = {"AUTH", rc->user ? rc->user : rc->password, rc->password};
         redisReply *r = node_command(rc, nd, rc->user ? 3 : 2, argv);
@@ -458,7 +558,6 @@ int tkv_rc_open(const tkv_rc_opts *o, tkv_rc **out)
         rc->o.timeout_ms = 2000;
     if (!rc->o.backoff_max_ms)
         rc->o.backoff_max_ms = 2000;
-    rc->rbuf = tkv_xmalloc(READ_BYTES);
     rc->user = o->user && *o->user ? tkv_xstrdup(o->user) : NULL;
     rc->password = o->password && *o->password ? tkv_xstrdup(o->password) : NULL;
     rc->o.user = rc->o.password = NULL;
@@ -487,7 +586,6 @@ void tkv_rc_close(tkv_rc *rc)
     free(rc->ask);
     free(rc->redirects);
     free(rc->order);
-    free(rc->rbuf);
     free(rc);
 }
 
@@ -574,14 +672,20 @@ static void pump(tkv_rc *rc, uint64_t deadline_ns)
                 continue;
             }
         }
-        /* One read per wake-up into our own 128 KiB buffer (hiredis reads 16 KiB: 64 polls
-         * per 1 MiB value), then the caller parses; reading further ahead would pile replies
-         * up in the reader's buffer, which hiredis shifts down after every reply. */
+        /* One read of up to 128 KiB per wake-up (hiredis reads 16 KiB: 64 polls per 1 MiB
+         * value), straight into the end of the reader's buffer (redisReaderFeed would copy
+         * every value once more), then the caller parses; reading further ahead would pile
+         * replies up in that buffer, which hiredis shifts down after every reply. */
         if (pfd[j].revents & (POLLIN | POLLERR | POLLHUP)) {
-            ssize_t got = read(nd->c->fd, rc->rbuf, READ_BYTES);
+            redisReader *rd = nd->c->reader;
+            if (rd->err || !(rd->buf = sdsMakeRoomFor(rd->buf, READ_BYTES))) {
+                nd->failed = true;
+                continue;
+            }
+            ssize_t got = read(nd->c->fd, rd->buf + sdslen(rd->buf), READ_BYTES);
             if (got > 0) {
-                if (redisReaderFeed(nd->c->reader, rc->rbuf, (size_t)got) != REDIS_OK)
-                    nd->failed = true;
+                sdsIncrLen(rd->buf, (int)got);
+                rd->len = sdslen(rd->buf);
             } else if (got == 0 || (errno != EAGAIN && errno != EINTR)) {
                 nd->failed = true; /* closed by the server, or an error */
             }
