@@ -234,6 +234,11 @@ typedef struct node {
     size_t arena_len, arena_cap;
     struct iovec *iov;
     size_t niov, iov_cap, iov_pos;
+    /* A large bulk reply taken over from hiredis's reader (see take_bulk): read straight
+     * into big (want = its length + the closing CRLF), handed out as `ready` when whole. */
+    char *big;
+    size_t big_len, big_have;
+    redisReply *ready;
 } node;
 
 #define INLINE_ARG_BYTES 512
@@ -387,6 +392,10 @@ static void set_blocking(redisContext *c, bool on)
 
 static void node_drop(tkv_rc *rc, node *nd)
 {
+    tkv_rc_buf_release(nd->big);
+    nd->big = NULL;
+    tkv_rc_reply_free(nd->ready);
+    nd->ready = NULL;
     if (nd->c) {
         redisFree(nd->c);
         nd->c = NULL;
@@ -641,6 +650,59 @@ static void ensure_scratch(tkv_rc *rc, size_t n)
     rc->order = tkv_xmalloc(n * sizeof(*rc->order));
 }
 
+/* When hiredis's reader stopped inside a top-level bulk string of POOL_MIN_BYTES or more (it
+ * has read the '$' and waits for the rest), the rest is read by us straight into a pool
+ * buffer: hiredis would gather the whole value in its own buffer and then copy it out. The
+ * reader is left as between replies. */
+static void take_bulk(node *nd)
+{
+    redisReader *rd = nd->c->reader;
+    if (rd->err || rd->ridx != 0 || rd->rstack[0].type != REDIS_REPLY_STRING ||
+        rd->rstack[0].parent != NULL)
+        return;
+    const char *p = rd->buf + rd->pos, *end = rd->buf + rd->len;
+    const char *nl = memchr(p, '\r', (size_t)(end - p));
+    if (!nl || nl + 1 >= end || nl[1] != '\n' || nl == p)
+        return;
+    size_t len = 0;
+    for (const char *q = p; q < nl; q++) {
+        if (*q < '0' || *q > '9' || len > ((size_t)1 << 40))
+            return; /* "-1" (nil) or something odd: left to hiredis */
+        len = len * 10 + (size_t)(*q - '0');
+    }
+    if (len < POOL_MIN_BYTES)
+        return;
+    const char *data = nl + 2;
+    size_t have = (size_t)(end - data);
+    if (have >= len + 2)
+        return; /* whole already (cannot be: hiredis would have parsed it) */
+    nd->big = tkv_rc_buf_get(len + 2);
+    memcpy(nd->big, data, have);
+    nd->big_len = len;
+    nd->big_have = have;
+    sdsclear(rd->buf);
+    rd->pos = rd->len = 0;
+    rd->ridx = -1;
+}
+
+/* The next reply of a node: a taken-over bulk once whole, else hiredis's next. */
+static int node_reply(node *nd, void **out)
+{
+    *out = NULL;
+    if (nd->ready) {
+        *out = nd->ready;
+        nd->ready = NULL;
+        return REDIS_OK;
+    }
+    if (nd->big)
+        return REDIS_OK;
+    if (redisGetReplyFromReader(nd->c, out) != REDIS_OK)
+        return REDIS_ERR;
+    if (!*out)
+        take_bulk(nd);
+    return REDIS_OK;
+}
+
 /* One poll() over every node still owed replies: writes what it can of their output, reads
  * what arrived (parsed later by the caller). Returns when something happened or at the
  * deadline. */
@@ -676,7 +738,28 @@ static void pump(tkv_rc *rc, uint64_t deadline_ns)
          * value), straight into the end of the reader's buffer (redisReaderFeed would copy
          * every value once more), then the caller parses; reading further ahead would pile
          * replies up in that buffer, which hiredis shifts down after every reply. */
-        if (pfd[j].revents & (POLLIN | POLLERR | POLLHUP)) {
+        if ((pfd[j].revents & (POLLIN | POLLERR | POLLHUP)) && nd->big) {
+            size_t want = nd->big_len + 2 - nd->big_have;
+            ssize_t got = read(nd->c->fd, nd->big + nd->big_have, want);
+            if (got > 0) {
+                nd->big_have += (size_t)got;
+                if (nd->big_have == nd->big_len + 2) {
+                    if (nd->big[nd->big_len] != '\r' || nd->big[nd->big_len + 1] != '\n') {
+                        nd->failed = true; /* out of step with the protocol */
+                        continue;
+                    }
+                    nd->big[nd->big_len] = '\0';
+                    redisReply *r = tkv_xcalloc(1, sizeof(*r));
+                    r->type = REDIS_REPLY_STRING;
+                    r->str = nd->big;
+                    r->len = nd->big_len;
+                    nd->ready = r;
+                    nd->big = NULL;
+                }
+            } else if (got == 0 || (errno != EAGAIN && errno != EINTR)) {
+                nd->failed = true;
+            }
+        } else if (pfd[j].revents & (POLLIN | POLLERR | POLLHUP)) {
             redisReader *rd = nd->c->reader;
             if (rd->err || !(rd->buf = sdsMakeRoomFor(rd->buf, READ_BYTES))) {
                 nd->failed = true;
@@ -784,7 +867,7 @@ int tkv_rc_exec(tkv_rc *rc, tkv_rc_cmd *cmds, size_t n)
                 node *nd = &rc->nodes[k];
                 while (!nd->failed && nd->nread < nd->nsent) {
                     void *rv = NULL;
-                    if (redisGetReplyFromReader(nd->c, &rv) != REDIS_OK) {
+                    if (node_reply(nd, &rv) != REDIS_OK) {
                         nd->failed = true;
                         break;
                     }
