@@ -11,6 +11,11 @@
  *
  * The sockets are non-blocking while a round runs; the few setup commands (AUTH, CLUSTER
  * SLOTS) run in blocking mode with SO_RCVTIMEO, between rounds, when nothing is in flight.
+ *
+ * Replies are read by us, not by hiredis: small ones into hiredis's reader buffer and parsed
+ * there; a bulk string of 64 KiB or more is taken over once its length is known and read
+ * straight into a reused buffer (one copy, from the socket), so a 1 MiB value costs neither
+ * hiredis's second copy nor fresh heap pages.
  */
 #include "tkv_rcluster.h"
 
@@ -131,6 +136,7 @@ int tkv_rc_parse_nodes(const char *list, char hosts[][64], int *ports, int max, 
 
 #define POOL_MIN_BYTES (64u << 10)
 #define POOL_ROUND (64u << 10)     /* sizes rounded up, so near sizes share buffers */
+#define TAKE_MAX_BYTES (512u << 20) /* Redis's largest string (proto-max-bulk-len) */
 #define POOL_MAX_BUFS 64           /* idle at most 64 buffers (64 MiB of 1 MiB values) */
 
 static pthread_mutex_t g_pool_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -666,12 +672,12 @@ static void take_bulk(node *nd)
         return;
     size_t len = 0;
     for (const char *q = p; q < nl; q++) {
-        if (*q < '0' || *q > '9' || len > ((size_t)1 << 40))
+        if (*q < '0' || *q > '9' || len > TAKE_MAX_BYTES)
             return; /* "-1" (nil) or something odd: left to hiredis */
         len = len * 10 + (size_t)(*q - '0');
     }
-    if (len < POOL_MIN_BYTES)
-        return;
+    if (len < POOL_MIN_BYTES || len > TAKE_MAX_BYTES)
+        return; /* over Redis's own limit: not allocated up front on the header's word */
     const char *data = nl + 2;
     size_t have = (size_t)(end - data);
     if (have >= len + 2)
