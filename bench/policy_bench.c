@@ -12,7 +12,7 @@
  * operation shows a flat line (cache misses of larger working sets aside). Each policy runs
  * twice: without key fingerprints (key_fp = 0) and with them (a hash of the block's number,
  * as the store gives a hash of its key), which turns on what a policy keeps by fingerprint
- * (tierkv's ghost history).
+ * (hazard's ghost history and its LRU guard's shadow directory).
  */
 #include "tkv_base.h"
 #include "tkv_policy.h"

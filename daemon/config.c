@@ -73,7 +73,7 @@ static const key_def kKeys[] = {
     {"write_through", K_BOOL, OFF(write_through), 0, 1, NULL,
      "write every stored block down to L3 (default on)"},
     {"policy", K_STR, OFF(policy), 1, 63, NULL,
-     "eviction policy: hazard, tierkv or lru (default hazard)"},
+     "eviction policy: hazard or lru (default hazard)"},
     {"store_workers", K_U32, OFF(store_workers), 1, 64, NULL, "store worker threads (default 4)"},
     {"lease_ttl_ms", K_U32, OFF(lease_ttl_ms), 1, 86400000, NULL,
      "default lease time-to-live (default 30000)"},

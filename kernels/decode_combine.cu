@@ -1,7 +1,7 @@
 /* decode_combine.cu - the combine of decode attention (each row's partials merged with the
  * global softmax into BF16 O and the LSE: K warps a row, the head dim cut in S slices for few
  * rows, one warp alone where the partials fit its batch) and merge states. docs/design.md,
- * "The CTA kernel" (the combine). */
+ * decode, "CTA kernel" (the combine). */
 #include "decode_dev.cuh"
 
 namespace tkvk_dec {

@@ -1,7 +1,7 @@
 /* decode_cta.cuh - the CTA kernel of decode attention: a CTA streams its bin of 64-token tiles
  * (or one static split) through a cp.async pipeline, its warps taking m-tiles of the rows or
  * splitting a tile's tokens. Every shape the warp-worker kernel does not take: BF16 Q or KV,
- * more than 32 rows. docs/design.md, "The CTA kernel". */
+ * more than 32 rows. docs/design.md, decode, "CTA kernel". */
 #ifndef TKVK_DECODE_CTA_CUH
 #define TKVK_DECODE_CTA_CUH
 

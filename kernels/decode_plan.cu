@@ -1,7 +1,7 @@
 /* decode_plan.cu - the plan of decode attention: one CTA cuts every (request, KV head) pair
  * into 64-token tiles, lays them end to end and cuts that sequence into one bin per worker,
  * on the device (no host round trip), so plan + attention + combine replay in a CUDA graph
- * with new lengths. Also the plan handle (tkvk_decode_plan_*). docs/design.md, "The plan". */
+ * with new lengths. Also the plan handle (tkvk_decode_plan_*). docs/design.md, decode, "Plan on the device". */
 #include "decode_dev.cuh"
 
 namespace tkvk_dec {

@@ -2,7 +2,7 @@
  * KV, up to 32 rows a pair): every warp drains its own bin through a two-stage ring of 32-token
  * chunks; a CTA's warps whose bins share a slot merge their partials at the end. Its arithmetic
  * is a policy: WarpMathT (at most 8 rows, on the mma's N side) or WarpMathM16 (one or two
- * m-tiles). docs/design.md, "The warp-worker kernel". */
+ * m-tiles). docs/design.md, decode, "Warp-worker kernel". */
 #include "decode_warp.cuh"
 
 namespace tkvk_dec {

@@ -13,7 +13,6 @@
 
 static const tkv_policy_ops *const registry[] = {
     &tkv_policy_lru,
-    &tkv_policy_tierkv,
     &tkv_policy_hazard,
     NULL,
 };

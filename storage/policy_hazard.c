@@ -1,50 +1,41 @@
-/* policy_hazard.c - "hazard": evict the block least worth its space by a learned reuse hazard.
+/* policy_hazard.c - "hazard", the store's default policy: evict the block least worth its space,
+ * by a reuse hazard learned online, under a guard that keeps it from losing to LRU.
  *
- * Every use of a block (its insertion, a hit, or a refused put) starts an *event* that ends at
- * the block's next use (a reuse) or when the policy stops being able to see one (censored).
- * Events are classed by what the policy knows of the put that inserted the block: the block's
- * prior uses (1..4, hits in the tier plus what the ghost history remembers), its distance
- * from the put's end (floor(log2(d + 1)) in clients' blocks, 4 buckets: the dead partial
- * block of a prompt is a class), the put's turn (1 for a chain started under a hub or from
- * nothing, else the turn of its deepest block with history + 1, up to 5) and how many new
- * blocks the put brought (clients' blocks, buckets 4x apart). The clients' block is learned
- * from where puts start new content (learn_unit). A hit is classed by the request that hit
- * it: the put that continues the lookup gives its turn and new blocks when it ends (a lookup
- * no put continues leaves its hits with the features of the put that inserted them). Per class and
- * age bucket the policy learns the reuse hazard online: reuses seen at age a over the ticks
- * the class's open events spent at age a (blocks still cached included: counting only
- * finished stays over-weights the short ones), as a base rate by age shared by the classes
- * of one prior-use count times the class's own reuse / expected ratio (proportional hazards:
- * the base has enough data for an age profile, a class needs only its total).
+ * Why: in LLM serving most blocks are never used again, and the ones that are come back after
+ * gaps (a conversation's next turn) that are often longer than LRU remembers. Which block is
+ * worth keeping depends on what kind of block it is, so the policy learns that from the
+ * tier's own history instead of assuming "recent = valuable".
  *
- * From the hazard, the index of a class at age a is the most hits per tick of holding that any
- * holding time gives: max over T of P(reused within T) / E[min(time to reuse, T)]. victim()
- * returns the lowest index among kSamples random unpinned tails, or the last victim's parent
- * where the same request used it just before and it is of the same class and worth no more
- * (a put's suffix goes in one piece, not a block from each of many puts); admit() refuses a
- * put whose first block's index at age 0 is below that of the block it would evict.
- * docs/design.md.
+ * What it learns: every use of a block (insertion, hit, refused put) starts an event that ends
+ * at its next use (a reuse, at some age) or when the block can no longer be seen (censored).
+ * Events are classed by the put that brought the block: prior uses (1..NU), distance from the
+ * put's end (ND log2 buckets: a prompt's dead partial block is a class), the put's turn
+ * (1..NT) and its new blocks (NN buckets 4x apart), distances and counts in the clients' block
+ * (learn_unit). Per class and age bucket it estimates the hazard (reuses over the time open
+ * events spent at that age), and from it the class's index at each age: the most hits per tick
+ * of holding that any holding time gives (build_index).
  *
- * The ghost history remembers blocks that left the tier or were refused (their event stays
- * open there: a block that comes back is a reuse at its age), kGhostPerCapacity entries per
- * cached block in 8-way sets of two words; the set's oldest is forgotten (its event censored).
- * Without key fingerprints (key_fp == 0) departures are censored at once.
+ * How it decides: victim() takes the lowest index among kSamples random unpinned tails (or the
+ * last victim's parent, so that a dead suffix goes in one piece); admit() refuses a put whose
+ * first block is worth less at age 0 than what it would evict. A ghost table remembers blocks
+ * that left or were refused, so a block that comes back is a reuse at its true age.
  *
- * Prefix structure: only unpinned tails (num_children == 0) are sampled; an interior entry is
- * a victim only when no unpinned tail exists (the oldest of them).
+ * The guard (guard_count): a shadow LRU directory of the tier's capacity (tkv_lru_shadow) sees
+ * every block of every request, so the policy knows how many hits LRU would have had; when the
+ * learned order falls behind by a margin, victims follow LRU's order until a later trial shows
+ * the learned order ahead again. docs/design.md, "Cache policy".
  *
- * O(1) per call: kSamples array reads per victim; an event's start and end touch two counters;
- * every bucket edge (capacity / 8 ticks) adds one row of exposure per class with open events
- * (NB_AGE steps), every capacity / 16 ticks the indices are rebuilt, NB_AGE steps per class
- * (a convex hull gives each age's best holding time in one backward pass). Amortised: a put's
- * end walks its blocks once, and the hits of the lookup it continues once.
+ * Cost: O(1) per call (kSamples reads per victim; learning in amortised steps of NB_AGE per
+ * class every capacity / kLearnPerFill ticks); memory bounded (ghost and shadow capped at
+ * 2^24 entries).
  *
  * Entry fields owned here:
  *   p_u64[0]  tick of the block's last use (its event's start)
- *   p_u64[1]  class | uses << 9 | turn << 12 | new-blocks bucket << 15 | F_HIST | F_PENDING
- *             | F_HITPEND
+ *   p_u64[1]  class | uses << USES_SHIFT | turn << TURN_SHIFT | new-blocks bucket << NEWB_SHIFT
+ *             | flags (F_*) | where it is placed << WHERE_SHIFT
  *   p_u64[2]  1 + its index in the tail array, or 0
- * prev/next link it into the INTERIOR or PINNED list when it is not in the tail array.
+ * prev/next link it into the list of where it is placed (tails in LRU's order, interior or
+ * pinned).
  */
 #include "tkv_policy.h"
 
@@ -67,6 +58,16 @@ static const double kUnitShare = 0.95;       /* of those starting on a multiple 
 static const double kUnitMinStarts = 32;     /* before that, a unit of 1 */
 static const double kGhostPerCapacity = 4.0;
 enum { GHOST_WAYS = 8 };
+/* The LRU guard (guard_count): checked every fill of the tier / kGuardChecksPerFill blocks
+ * requested; the surplus of real hits over LRU's decays with a half-life of
+ * kGuardHalfLifeFills fills; LRU order once it is below -kGuardMargin * capacity, judged after
+ * a quarter fill (1 / kGuardGraceDiv) of the learned order's own; a trial of the learned order
+ * after kGuardFirstWaitFills fills, the wait doubled after each trial that fails within
+ * kGuardShortTrials waits, up to kGuardMaxWaitFills. */
+enum { kGuardChecksPerFill = 8, kGuardMinCheck = 64, kGuardShortTrials = 4 };
+enum { kGuardMaxWaitFills = 256, kGuardFirstWaitFills = 2, kGuardGraceDiv = 4 };
+static const double kGuardHalfLifeFills = 8.0;
+static const double kGuardMargin = 1.0 / 64;
 
 /* class = (((uses - 1) * ND + end bucket) * NT + turn - 1) * NN + new bucket */
 enum { NU = 4, ND = 4, NT = 5, NN = 5, NCLASS = NU * ND * NT * NN };
@@ -76,33 +77,35 @@ enum { NU = 4, ND = 4, NT = 5, NN = 5, NCLASS = NU * ND * NT * NN };
 #define TURN_SHIFT 12
 #define NEWB_SHIFT 15
 #define FIELD3 0x7ull
-#define F_HIST (1ull << 18)    /* entered with ghost history: keeps its own turn */
-#define F_PENDING (1ull << 19) /* in the put being inserted: classed when it ends */
-#define F_HITPEND (1ull << 20) /* hit by the latest lookup: classed by the put after it */
+#define F_HAS_HISTORY (1ull << 18)    /* entered with ghost history: keeps its own turn */
+#define F_IN_OPEN_PUT (1ull << 19) /* in the put being inserted: classed when it ends */
+#define F_IN_LAST_LOOKUP (1ull << 20) /* hit by the latest lookup: classed by the put after it */
+#define WHERE_SHIFT 21          /* 2 bits: IN_TAILS, IN_INTERIOR or IN_PINNED */
+#define F_KEEP (F_HAS_HISTORY | F_IN_OPEN_PUT | F_IN_LAST_LOOKUP | (3ull << WHERE_SHIFT))
 _Static_assert(NCLASS <= 512, "a class is 9 bits");
 
-enum { IN_NONE, IN_INTERIOR, IN_PINNED };
+enum { IN_TAILS, IN_INTERIOR, IN_PINNED };
 
 typedef struct hazard_state {
     uint64_t capacity, count, tick;
-    uint64_t bucket_ticks, learn_ticks, cur; /* cur = tick / bucket_ticks */
+    uint64_t bucket_ticks, learn_ticks, bucket_now; /* bucket_now = tick / bucket_ticks */
     uint64_t rng;
     /* learned: reuses and exposure by class and age (decayed), open events by the bucket they
      * started in (a ring; NB_AGE - 1 buckets old or more in old_open), the index tables */
-    double reuse[NCLASS][NB_AGE], expo[NCLASS][NB_AGE];
+    double reuse[NCLASS][NB_AGE], exposure[NCLASS][NB_AGE];
     double open[NCLASS][NB_AGE], old_open[NCLASS];
-    float ix[NCLASS][NB_AGE];
-    bool has_ix[NCLASS], active[NCLASS];
-    /* unpinned tails, for sampling */
+    float index_by_age[NCLASS][NB_AGE];
+    bool has_index[NCLASS], active[NCLASS];
+    /* unpinned tails, for sampling (an array) and in LRU's order (lists[IN_TAILS]) */
     tkv_policy_entry **tails;
-    uint64_t ntails, tails_cap;
-    tkv_policy_entry lists[3]; /* sentinels, [IN_INTERIOR], [IN_PINNED] */
+    uint64_t num_tails, tails_cap;
+    tkv_policy_entry lists[3]; /* sentinels: next = hottest, prev = coldest */
     /* the put being inserted: its newest block, the parent of its first, its length and new
      * blocks, and the turn of its deepest block with ghost history (-1: none) */
-    tkv_policy_entry *run_last, *run_parent;
-    uint64_t run_len, run_new;
-    int run_hist_turn;
-    tkv_policy_entry *hit_last; /* the latest lookup's deepest hit (F_HITPEND) block */
+    tkv_policy_entry *put_last, *put_parent;
+    uint64_t put_len, put_new;
+    int put_history_turn;
+    tkv_policy_entry *hit_last; /* the latest lookup's deepest hit (F_IN_LAST_LOOKUP) block */
     /* the clients' block, in blocks: puts seen starting new content (decayed), and of them
      * those starting at a multiple of 2^k blocks */
     double unit_starts, unit_aligned[NUNIT];
@@ -120,11 +123,19 @@ typedef struct hazard_state {
     bool admit_valid, admit_verdict;
     unsigned admit_turn;
     uint64_t *refused_fp;
-    uint64_t nrefused, refused_cap;
+    uint64_t num_refused, refused_cap;
+    /* the LRU guard: LRU's hits on the same requests, the decayed surplus of real hits over
+     * them, which order victims follow, and where the requests begin (the last call was
+     * admit(), with that now_ns) */
+    tkv_lru_shadow *lru_shadow;
+    double guard_surplus, guard_keep, guard_margin;
+    uint64_t guard_seen, guard_check, guard_switched_at, guard_wait;
+    bool lru_order, last_call_admit;
+    uint64_t last_admit_now;
 } hazard_state;
 
 /* ---- entry fields ------------------------------------------------------------------------- */
-static unsigned cls_of(const tkv_policy_entry *e) { return (unsigned)(e->p_u64[1] & F_CLASS); }
+static unsigned class_of(const tkv_policy_entry *e) { return (unsigned)(e->p_u64[1] & F_CLASS); }
 static unsigned field(const tkv_policy_entry *e, int shift)
 {
     return (unsigned)((e->p_u64[1] >> shift) & FIELD3);
@@ -160,7 +171,7 @@ static void set_fields(tkv_policy_entry *e, unsigned cls, unsigned uses, unsigne
 {
     uses = uses > NU ? NU : uses;
     turn = turn > NT ? NT : turn;
-    e->p_u64[1] = (e->p_u64[1] & (F_HIST | F_PENDING | F_HITPEND)) | cls |
+    e->p_u64[1] = (e->p_u64[1] & F_KEEP) | cls |
                   (uint64_t)uses << USES_SHIFT | (uint64_t)turn << TURN_SHIFT |
                   (uint64_t)newb << NEWB_SHIFT;
 }
@@ -170,13 +181,13 @@ static void set_fields(tkv_policy_entry *e, unsigned cls, unsigned uses, unsigne
  * bucket now. */
 static double *open_count(hazard_state *st, unsigned c, uint64_t start, uint64_t *age)
 {
-    uint64_t a = st->cur - start / st->bucket_ticks;
+    uint64_t a = st->bucket_now - start / st->bucket_ticks;
     *age = a < NB_AGE - 1 ? a : NB_AGE - 1;
     return a < NB_AGE - 1 ? &st->open[c][(start / st->bucket_ticks) % NB_AGE] : &st->old_open[c];
 }
 
 /* An event of class c starts (or, moved from another class, started) at tick `start`. */
-static void ev_start(hazard_state *st, unsigned c, uint64_t start)
+static void event_start(hazard_state *st, unsigned c, uint64_t start)
 {
     uint64_t a;
     *open_count(st, c, start, &a) += 1;
@@ -184,7 +195,7 @@ static void ev_start(hazard_state *st, unsigned c, uint64_t start)
 }
 
 /* An event of class c that started at tick `start` ends: reused, or no longer observable. */
-static void ev_end(hazard_state *st, unsigned c, uint64_t start, bool reused)
+static void event_end(hazard_state *st, unsigned c, uint64_t start, bool reused)
 {
     uint64_t a;
     *open_count(st, c, start, &a) -= 1;
@@ -227,7 +238,7 @@ static void learn(hazard_state *st)
             for (unsigned c = c0; c < c0 + per_u; c++)
                 if (st->active[c]) {
                     r += st->reuse[c][a];
-                    e += st->expo[c][a];
+                    e += st->exposure[c][a];
                 }
             base[a] = e > 0 ? r / e : 0;
         }
@@ -237,16 +248,16 @@ static void learn(hazard_state *st)
             double r = 0, expected = 0, h[NB_AGE];
             for (int a = 0; a < NB_AGE; a++) {
                 r += st->reuse[c][a];
-                expected += st->expo[c][a] * base[a];
+                expected += st->exposure[c][a] * base[a];
             }
             double m = (r + kPrior) / (expected + kPrior);
             for (int a = 0; a < NB_AGE; a++)
                 h[a] = fmin(0.999, base[a] * m);
-            build_index(st->ix[c], h);
-            st->has_ix[c] = true;
+            build_index(st->index_by_age[c], h);
+            st->has_index[c] = true;
             for (int a = 0; a < NB_AGE; a++) {
                 st->reuse[c][a] *= 1 - kDecay;
-                st->expo[c][a] *= 1 - kDecay;
+                st->exposure[c][a] *= 1 - kDecay;
             }
         }
     }
@@ -258,17 +269,17 @@ static void advance(hazard_state *st)
     st->tick++;
     if (st->tick % st->bucket_ticks == 0) {
         /* the events that started in this slot reach the last age bucket as the next begins */
-        uint64_t slot = (st->cur + 2) % NB_AGE;
+        uint64_t slot = (st->bucket_now + 2) % NB_AGE;
         for (unsigned c = 0; c < NCLASS; c++) {
             if (!st->active[c]) /* never had an open event */
                 continue;
             for (unsigned a = 0; a < NB_AGE - 1; a++)
-                st->expo[c][a] += st->open[c][(st->cur - a) % NB_AGE];
-            st->expo[c][NB_AGE - 1] += st->old_open[c];
+                st->exposure[c][a] += st->open[c][(st->bucket_now - a) % NB_AGE];
+            st->exposure[c][NB_AGE - 1] += st->old_open[c];
             st->old_open[c] += st->open[c][slot];
             st->open[c][slot] = 0;
         }
-        st->cur++;
+        st->bucket_now++;
     }
     if (st->tick % st->learn_ticks == 0)
         learn(st);
@@ -276,10 +287,10 @@ static void advance(hazard_state *st)
 
 static double index_at(const hazard_state *st, unsigned c, uint64_t start)
 {
-    if (!st->has_ix[c])
+    if (!st->has_index[c])
         return HUGE_VAL; /* nothing learned yet: keep */
-    uint64_t a = st->cur - start / st->bucket_ticks;
-    return st->ix[c][a < NB_AGE - 1 ? a : NB_AGE - 1];
+    uint64_t a = st->bucket_now - start / st->bucket_ticks;
+    return st->index_by_age[c][a < NB_AGE - 1 ? a : NB_AGE - 1];
 }
 
 /* ---- ghost history ------------------------------------------------------------------------ */
@@ -342,7 +353,7 @@ static void ghost_put(hazard_state *st, uint64_t fp, uint64_t start, unsigned c,
                       unsigned turn)
 {
     if (!fp) {
-        ev_end(st, c, start, false);
+        event_end(st, c, start, false);
         return;
     }
     if (!st->ghost) {
@@ -351,11 +362,11 @@ static void ghost_put(hazard_state *st, uint64_t fp, uint64_t start, unsigned c,
     }
     uint64_t old = ghost_take(st, fp);
     if (old)
-        ev_end(st, meta_class(old), meta_start(st, old), false);
+        event_end(st, meta_class(old), meta_start(st, old), false);
     uint64_t *w = ghost_set(st, fp);
     if (w[2 * GHOST_WAYS - 2]) {
         uint64_t m = w[2 * GHOST_WAYS - 1];
-        ev_end(st, meta_class(m), meta_start(st, m), false);
+        event_end(st, meta_class(m), meta_start(st, m), false);
     }
     memmove(&w[2], &w[0], (size_t)(GHOST_WAYS - 1) * 2 * sizeof(*w));
     w[0] = fp | GH_VALID;
@@ -365,36 +376,54 @@ static void ghost_put(hazard_state *st, uint64_t fp, uint64_t start, unsigned c,
 /* ---- where an entry lives ----------------------------------------------------------------- */
 static unsigned where_of(const tkv_policy_entry *e)
 {
-    return e->pinned ? IN_PINNED : e->num_children ? IN_INTERIOR : IN_NONE;
+    return e->pinned ? IN_PINNED : e->num_children ? IN_INTERIOR : IN_TAILS;
 }
 
-static void place(hazard_state *st, tkv_policy_entry *e)
+static unsigned placed_in(const tkv_policy_entry *e)
+{
+    return (unsigned)((e->p_u64[1] >> WHERE_SHIFT) & 3);
+}
+
+static void push_cold(tkv_policy_entry *head, tkv_policy_entry *e)
+{
+    e->prev = head->prev;
+    e->next = head;
+    head->prev->next = e;
+    head->prev = e;
+}
+
+/* Into the list of where it belongs now, at LRU's place: the hot end, except a block that
+ * became a tail because its last child left (as cold as that child: tkv_policy_lru's rule). */
+static void place(hazard_state *st, tkv_policy_entry *e, unsigned was)
 {
     unsigned w = where_of(e);
-    if (w == IN_NONE) {
-        if (st->ntails == st->tails_cap) {
+    e->p_u64[1] = (e->p_u64[1] & ~(3ull << WHERE_SHIFT)) | (uint64_t)w << WHERE_SHIFT;
+    e->p_u64[2] = 0;
+    if (w == IN_TAILS) {
+        if (st->num_tails == st->tails_cap) {
             st->tails_cap = st->tails_cap ? 2 * st->tails_cap : 64;
             st->tails = tkv_xrealloc(st->tails, st->tails_cap * sizeof(*st->tails));
         }
-        st->tails[st->ntails] = e;
-        e->p_u64[2] = ++st->ntails;
-    } else {
-        e->p_u64[2] = 0;
-        tkv_plist_push_hot(&st->lists[w], e);
+        st->tails[st->num_tails] = e;
+        e->p_u64[2] = ++st->num_tails;
     }
+    if (w == IN_TAILS && was == IN_INTERIOR)
+        push_cold(&st->lists[w], e);
+    else
+        tkv_plist_push_hot(&st->lists[w], e);
 }
 
 static void unplace(hazard_state *st, tkv_policy_entry *e)
 {
     if (e->p_u64[2]) {
         uint64_t i = e->p_u64[2] - 1;
-        tkv_policy_entry *last = st->tails[--st->ntails];
+        tkv_policy_entry *last = st->tails[--st->num_tails];
         st->tails[i] = last;
         last->p_u64[2] = i + 1;
         e->p_u64[2] = 0;
-    } else if (e->prev) {
-        tkv_plist_unlink(e);
     }
+    if (e->prev)
+        tkv_plist_unlink(e);
 }
 
 /* ---- the put being inserted --------------------------------------------------------------- */
@@ -404,16 +433,16 @@ static bool is_hub(const tkv_policy_entry *p) { return p->num_children > 2; }
  * p; 1 under a hub (a shared prefix: a new conversation) or from nothing. */
 static unsigned put_turn(const hazard_state *st, const tkv_policy_entry *p)
 {
-    if (st->run_hist_turn >= 0)
-        return (unsigned)st->run_hist_turn + 1;
+    if (st->put_history_turn >= 0)
+        return (unsigned)st->put_history_turn + 1;
     return p && !is_hub(p) ? field(p, TURN_SHIFT) + 1 : 1;
 }
 
 /* e's open event moves to class c (its features are known now). */
 static void reclass(hazard_state *st, tkv_policy_entry *e, unsigned c)
 {
-    ev_end(st, cls_of(e), e->p_u64[0], false);
-    ev_start(st, c, e->p_u64[0]);
+    event_end(st, class_of(e), e->p_u64[0], false);
+    event_start(st, c, e->p_u64[0]);
 }
 
 /* The latest lookup is done with: its hit blocks, from the deepest up, get the turn and new
@@ -421,8 +450,8 @@ static void reclass(hazard_state *st, tkv_policy_entry *e, unsigned c)
  * is walked once. */
 static void finish_hits(hazard_state *st, unsigned turn, unsigned newb)
 {
-    for (tkv_policy_entry *e = st->hit_last; e && (e->p_u64[1] & F_HITPEND); e = e->parent) {
-        e->p_u64[1] &= ~F_HITPEND;
+    for (tkv_policy_entry *e = st->hit_last; e && (e->p_u64[1] & F_IN_LAST_LOOKUP); e = e->parent) {
+        e->p_u64[1] &= ~F_IN_LAST_LOOKUP;
         if (!turn)
             continue;
         unsigned uses = field(e, USES_SHIFT), c = make_class(uses, ND - 1, turn, newb);
@@ -454,44 +483,81 @@ static void learn_unit(hazard_state *st, uint64_t depth)
 /* The put is complete (a lookup, a block that does not continue it, or its newest block
  * leaving): its blocks get their class, now that its end, turn and new blocks are known, and
  * so do the hits of the lookup it continues. */
-static void finish_run(hazard_state *st)
+static void finish_put(hazard_state *st)
 {
-    tkv_policy_entry *e = st->run_last;
-    unsigned turn = put_turn(st, st->run_parent), newb = new_bucket(st->run_new, st->unit);
-    for (uint64_t i = 0; e && i < st->run_len; i++, e = e->parent) {
-        if (!(e->p_u64[1] & F_PENDING))
+    tkv_policy_entry *e = st->put_last;
+    unsigned turn = put_turn(st, st->put_parent), newb = new_bucket(st->put_new, st->unit);
+    for (uint64_t i = 0; e && i < st->put_len; i++, e = e->parent) {
+        if (!(e->p_u64[1] & F_IN_OPEN_PUT))
             continue;
-        e->p_u64[1] &= ~F_PENDING;
+        e->p_u64[1] &= ~F_IN_OPEN_PUT;
         unsigned uses = field(e, USES_SHIFT),
                  c = make_class(uses, end_bucket(i, st->unit), turn, newb);
         reclass(st, e, c);
-        set_fields(e, c, uses, (e->p_u64[1] & F_HIST) ? field(e, TURN_SHIFT) : turn, newb);
+        set_fields(e, c, uses, (e->p_u64[1] & F_HAS_HISTORY) ? field(e, TURN_SHIFT) : turn, newb);
     }
-    if (st->run_last && st->hit_last)
-        finish_hits(st, st->run_parent == st->hit_last ? turn : 0, newb);
-    st->run_last = st->run_parent = NULL;
-    st->run_len = st->run_new = 0;
-    st->run_hist_turn = -1;
+    if (st->put_last && st->hit_last)
+        finish_hits(st, st->put_parent == st->hit_last ? turn : 0, newb);
+    st->put_last = st->put_parent = NULL;
+    st->put_len = st->put_new = 0;
+    st->put_history_turn = -1;
 }
 
 /* The refused put is complete: its blocks' events start, classed by its length, and are
  * remembered (a refused block that comes back is a reuse). */
 static void finish_refused(hazard_state *st)
 {
-    unsigned newb = new_bucket(st->nrefused, st->unit);
-    for (uint64_t i = 0; i < st->nrefused; i++) {
+    unsigned newb = new_bucket(st->num_refused, st->unit);
+    for (uint64_t i = 0; i < st->num_refused; i++) {
         uint64_t fp = st->refused_fp[i], meta = ghost_take(st, fp);
         unsigned uses = 1;
         if (meta) {
-            ev_end(st, meta_class(meta), meta_start(st, meta), true);
+            event_end(st, meta_class(meta), meta_start(st, meta), true);
             uses = meta_uses(meta) + 1;
         }
         unsigned c =
-            make_class(uses, end_bucket(st->nrefused - 1 - i, st->unit), st->admit_turn, newb);
-        ev_start(st, c, st->tick);
+            make_class(uses, end_bucket(st->num_refused - 1 - i, st->unit), st->admit_turn, newb);
+        event_start(st, c, st->tick);
         ghost_put(st, fp, st->tick, c, uses > NU ? NU : uses, st->admit_turn);
     }
-    st->nrefused = 0;
+    st->num_refused = 0;
+}
+
+/* ---- the LRU guard ------------------------------------------------------------------------ */
+/* One block of a request, shown to the policy as a hit (accessed()) or a miss (admit()): the
+ * shadow LRU says whether LRU would have hit it, and the surplus of real hits over LRU's
+ * moves by the difference. At every check the decayed surplus picks the order victims
+ * follow: LRU's once the learned order has fallen guard_margin hits behind, the learned one
+ * again for a trial after guard_wait (longer after each trial that fails soon). Where the
+ * learned order wins it is never overruled; where it loses, the loss is about a margin per
+ * trial and the trials grow rarer. Without fingerprints (key_fp 0) there is no guard. */
+static void guard_count(hazard_state *st, uint64_t key_fp, bool first_of_request, bool real_hit)
+{
+    if (!key_fp || !st->lru_shadow)
+        return;
+    bool lru_hit = tkv_lru_shadow_touch(st->lru_shadow, key_fp, first_of_request);
+    st->guard_surplus += (double)real_hit - (double)lru_hit;
+    if (++st->guard_seen % st->guard_check)
+        return;
+    st->guard_surplus *= st->guard_keep;
+    uint64_t since = st->guard_seen - st->guard_switched_at;
+    if (!st->lru_order) {
+        /* judged after a while of its own: a policy that holds blocks for later pays first */
+        if (since < st->capacity / kGuardGraceDiv || st->guard_surplus >= -st->guard_margin)
+            return;
+        st->guard_wait = since < kGuardShortTrials * st->guard_wait
+                             ? 2 * st->guard_wait
+                             : kGuardFirstWaitFills * st->capacity;
+        if (st->guard_wait > kGuardMaxWaitFills * st->capacity)
+            st->guard_wait = kGuardMaxWaitFills * st->capacity;
+        st->lru_order = true;
+    } else if (since >= st->guard_wait) {
+        st->lru_order = false;
+        st->guard_surplus = 0; /* the trial is judged on its own */
+    } else {
+        return;
+    }
+    st->guard_switched_at = st->guard_seen;
 }
 
 /* ---- ops ---------------------------------------------------------------------------------- */
@@ -508,8 +574,15 @@ static void *hazard_create(uint64_t capacity)
     if (st->learn_ticks < kMinLearn)
         st->learn_ticks = kMinLearn;
     st->rng = 0x9e3779b97f4a7c15ull;
-    st->run_hist_turn = -1;
+    st->put_history_turn = -1;
     st->unit = 1;
+    st->lru_shadow = tkv_lru_shadow_new(capacity);
+    st->guard_check = capacity / kGuardChecksPerFill;
+    if (st->guard_check < kGuardMinCheck)
+        st->guard_check = kGuardMinCheck;
+    st->guard_keep = exp2(-1.0 / (kGuardHalfLifeFills * kGuardChecksPerFill));
+    st->guard_margin = kGuardMargin * (double)capacity;
+    st->guard_wait = kGuardFirstWaitFills * capacity;
     for (int i = 0; i < 3; i++)
         tkv_plist_init(&st->lists[i]);
     return st;
@@ -521,6 +594,7 @@ static void hazard_destroy(void *state)
     free(st->ghost);
     free(st->tails);
     free(st->refused_fp);
+    tkv_lru_shadow_free(st->lru_shadow);
     free(st);
 }
 
@@ -546,9 +620,9 @@ static tkv_policy_entry *continuation(const hazard_state *st, double *index)
 {
     tkv_policy_entry *p = st->victim_parent;
     if (!p || !p->p_u64[2] || p->p_u64[0] + 1 != st->victim_tick ||
-        cls_of(p) != st->victim_class)
+        class_of(p) != st->victim_class)
         return NULL;
-    *index = index_at(st, cls_of(p), p->p_u64[0]);
+    *index = index_at(st, class_of(p), p->p_u64[0]);
     return *index <= st->victim_index ? p : NULL;
 }
 
@@ -560,9 +634,9 @@ static tkv_policy_entry *sample_victim(hazard_state *st, double *index)
 {
     double bv = HUGE_VAL;
     tkv_policy_entry *chain = continuation(st, &bv), *best = chain;
-    for (int i = 0; i < kSamples && st->ntails; i++) {
-        tkv_policy_entry *e = st->tails[next_rand(st) % st->ntails];
-        double v = index_at(st, cls_of(e), e->p_u64[0]);
+    for (int i = 0; i < kSamples && st->num_tails; i++) {
+        tkv_policy_entry *e = st->tails[next_rand(st) % st->num_tails];
+        double v = index_at(st, class_of(e), e->p_u64[0]);
         if (!best || v < bv || (v == bv && best != chain && tie_prio(st, e) < tie_prio(st, best))) {
             best = e;
             bv = v;
@@ -579,6 +653,11 @@ static tkv_policy_entry *sample_victim(hazard_state *st, double *index)
 static bool hazard_admit(void *state, const tkv_policy_entry *e, uint64_t now_ns)
 {
     hazard_state *st = state;
+    /* a new request's first block: a root, not right after a refused block of the same put */
+    bool first = !e->parent && !e->depth && !(st->last_call_admit && now_ns == st->last_admit_now);
+    guard_count(st, e->key_fp, first, false);
+    st->last_call_admit = true;
+    st->last_admit_now = now_ns;
     if (!st->admit_valid || now_ns != st->admit_now) {
         finish_refused(st);
         uint64_t meta = ghost_peek(st, e->key_fp);
@@ -593,7 +672,7 @@ static bool hazard_admit(void *state, const tkv_policy_entry *e, uint64_t now_ns
                 unsigned c = make_class(uses, ND - 1, st->admit_turn, b);
                 mine = fmax(mine, index_at(st, c, st->tick));
             }
-            verdict = !sample_victim(st, &theirs) || mine >= theirs;
+            verdict = st->lru_order || !sample_victim(st, &theirs) || mine >= theirs;
         }
         st->admit_valid = true;
         st->admit_now = now_ns;
@@ -604,11 +683,11 @@ static bool hazard_admit(void *state, const tkv_policy_entry *e, uint64_t now_ns
          * clock would stop and the verdict could never change), and a use, remembered */
         advance(st);
         if (e->key_fp) {
-            if (st->nrefused == st->refused_cap) {
+            if (st->num_refused == st->refused_cap) {
                 st->refused_cap = st->refused_cap ? 2 * st->refused_cap : 64;
                 st->refused_fp = tkv_xrealloc(st->refused_fp, st->refused_cap * sizeof(uint64_t));
             }
-            st->refused_fp[st->nrefused++] = e->key_fp;
+            st->refused_fp[st->num_refused++] = e->key_fp;
         }
     }
     return st->admit_verdict;
@@ -620,89 +699,106 @@ static void hazard_inserted(void *state, tkv_policy_entry *e, uint64_t now_ns)
     (void)now_ns;
     tkv_policy_entry *p = e->parent;
     finish_refused(st);
-    if (!p || p != st->run_last) {
-        finish_run(st);
-        st->run_parent = p;
+    if (!p || p != st->put_last) {
+        finish_put(st);
+        st->put_parent = p;
     }
     advance(st);
     e->p_u64[0] = st->tick;
-    e->p_u64[1] = F_PENDING;
+    e->p_u64[1] = F_IN_OPEN_PUT;
     e->prev = e->next = NULL;
     unsigned uses = 1;
     uint64_t meta = ghost_take(st, e->key_fp);
-    if (st->run_len == 0 && !meta && e->key_fp && e->depth > 0)
+    if (st->put_len == 0 && !meta && e->key_fp && e->depth > 0)
         learn_unit(st, e->depth); /* a put starts new content under a known prefix */
     if (meta) { /* it was here, or was refused: looked up again */
-        ev_end(st, meta_class(meta), meta_start(st, meta), true);
+        event_end(st, meta_class(meta), meta_start(st, meta), true);
         uses = meta_uses(meta) + 1;
-        st->run_hist_turn = (int)meta_turn(meta);
-        e->p_u64[1] |= F_HIST;
+        st->put_history_turn = (int)meta_turn(meta);
+        e->p_u64[1] |= F_HAS_HISTORY;
     } else {
-        st->run_new++;
+        st->put_new++;
     }
-    st->run_last = e;
-    st->run_len++;
+    st->put_last = e;
+    st->put_len++;
     /* a provisional class until the put ends; a block with history keeps its own turn */
-    unsigned turn = put_turn(st, st->run_parent), newb = new_bucket(st->run_new, st->unit);
+    unsigned turn = put_turn(st, st->put_parent), newb = new_bucket(st->put_new, st->unit);
     unsigned c = make_class(uses, ND - 1, turn, newb);
     set_fields(e, c, uses, meta ? meta_turn(meta) : turn, newb);
-    ev_start(st, c, st->tick);
+    event_start(st, c, st->tick);
     st->count++;
-    place(st, e);
+    st->last_call_admit = false;
+    place(st, e, IN_TAILS);
 }
 
 static void hazard_accessed(void *state, tkv_policy_entry *e, uint64_t now_ns)
 {
     hazard_state *st = state;
     (void)now_ns;
+    guard_count(st, e->key_fp, !e->parent, true);
+    st->last_call_admit = false;
+    if (placed_in(e) == IN_TAILS) { /* LRU's order: a hit goes to the hot end */
+        tkv_plist_unlink(e);
+        tkv_plist_push_hot(&st->lists[IN_TAILS], e);
+    }
     finish_refused(st);
-    finish_run(st); /* a lookup: the put before it is complete */
+    finish_put(st); /* a lookup: the put before it is complete */
     if (st->hit_last && e->parent != st->hit_last)
         finish_hits(st, 0, 0); /* a new lookup: no put continued the last one */
-    ev_end(st, cls_of(e), e->p_u64[0], true);
+    event_end(st, class_of(e), e->p_u64[0], true);
     advance(st);
     /* provisionally classed by the put that inserted it, until the put after this lookup */
     unsigned uses = field(e, USES_SHIFT) + 1, turn = field(e, TURN_SHIFT);
     unsigned newb = field(e, NEWB_SHIFT), c = make_class(uses, ND - 1, turn, newb);
     set_fields(e, c, uses, turn, newb);
     e->p_u64[0] = st->tick;
-    e->p_u64[1] |= F_HITPEND;
+    e->p_u64[1] |= F_IN_LAST_LOOKUP;
     st->hit_last = e;
-    ev_start(st, c, st->tick);
+    event_start(st, c, st->tick);
 }
 
 static void hazard_removed(void *state, tkv_policy_entry *e)
 {
     hazard_state *st = state;
-    if (e == st->run_last)
-        finish_run(st);
-    if (e == st->run_parent)
-        st->run_parent = NULL;
-    if (e->p_u64[1] & F_HITPEND)
+    if (e == st->put_last)
+        finish_put(st);
+    if (e == st->put_parent)
+        st->put_parent = NULL;
+    if (e->p_u64[1] & F_IN_LAST_LOOKUP)
         finish_hits(st, 0, 0);
     if (e == st->victim_parent)
         st->victim_parent = NULL;
     unplace(st, e);
     st->count--;
     /* its event stays open in the ghost history */
-    ghost_put(st, e->key_fp, e->p_u64[0], cls_of(e), field(e, USES_SHIFT), field(e, TURN_SHIFT));
+    ghost_put(st, e->key_fp, e->p_u64[0], class_of(e), field(e, USES_SHIFT), field(e, TURN_SHIFT));
 }
 
 static void hazard_changed(void *state, tkv_policy_entry *e)
 {
+    unsigned was = placed_in(e);
+    if (was == where_of(e))
+        return;
     unplace(state, e);
-    place(state, e);
+    place(state, e, was);
 }
 
 static tkv_policy_entry *hazard_victim(void *state)
 {
     hazard_state *st = state;
+    if (st->lru_order) {
+        st->victim_parent = NULL;
+        for (unsigned w = IN_TAILS; w <= IN_INTERIOR; w++)
+            if (st->lists[w].prev != &st->lists[w])
+                return st->lists[w].prev;
+        return NULL;
+    }
     double v;
     tkv_policy_entry *e = sample_victim(st, &v);
     if (e) {
         st->victim_parent = e->parent;
         st->victim_tick = e->p_u64[0];
-        st->victim_class = cls_of(e);
+        st->victim_class = class_of(e);
         st->victim_index = v;
         return e;
     }

@@ -86,13 +86,26 @@ static inline uint64_t tkv_policy_ghost_sets(uint64_t capacity, double per_block
     return sets ? sets : 1;
 }
 
-/* Registered policies by name ("lru", "tierkv", "hazard"); NULL if unknown. */
+/* A shadow LRU directory: the key fingerprints LRU would hold in a tier of `capacity` blocks
+ * given the same requests (metadata only, 24 bytes per block, allocated on the first touch),
+ * so a policy can count the hits LRU would have had and never fall behind it (hazard's guard).
+ * Each block of a request is touched once, in the request's order, root first: hits (the
+ * policy's accessed()) and misses (admit()) alike. touch() returns whether LRU would have hit
+ * the block (held, and so was every block of the request before it). new() returns NULL for
+ * capacity 0 or above TKV_LRU_SHADOW_MAX (an unlimited tier: there is nothing to shadow);
+ * touch() on NULL, or with key_fp 0, returns false. O(1) per touch. */
+#define TKV_LRU_SHADOW_MAX (1ull << 24)
+typedef struct tkv_lru_shadow tkv_lru_shadow;
+tkv_lru_shadow *tkv_lru_shadow_new(uint64_t capacity);
+void tkv_lru_shadow_free(tkv_lru_shadow *sh);
+bool tkv_lru_shadow_touch(tkv_lru_shadow *sh, uint64_t key_fp, bool first_of_request);
+
+/* Registered policies by name ("lru", "hazard"); NULL if unknown. */
 const tkv_policy_ops *tkv_policy_find(const char *name);
 /* NULL-terminated list of registered policies (for --help and tests). */
 const tkv_policy_ops *const *tkv_policy_all(void);
 
 extern const tkv_policy_ops tkv_policy_lru;
-extern const tkv_policy_ops tkv_policy_tierkv; /* prefix-aware; storage/policy_tierkv.c */
 extern const tkv_policy_ops tkv_policy_hazard; /* learned reuse hazard; storage/policy_hazard.c */
 
 #ifdef __cplusplus

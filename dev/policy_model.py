@@ -5,8 +5,7 @@ Not the store: one cache entry per 512-token trace block, chain tails evicted fi
 of the request being served pinned, a request's missing blocks put in chain order (a block whose
 parent is not cached is not put). LRU here gives the same hit rates as bench/trace_replay's LRU
 (21.16% of blocks at 10,000 blocks on the conversation trace). It exists to measure what a policy
-could reach before building it in C (docs/design.md, "Upper bounds" and "Where more could come
-from"):
+could reach before building it in C (the upper bounds that docs/perf.md's policy section quotes):
 
   lru           exact LRU among unpinned tails.
   index-true    hazard index with each class's true reuse hazard by age, taken from the whole
@@ -28,7 +27,7 @@ any holding time T can give: max over T of P(reused within T) / E[min(time to re
 policy evicts the lowest index among `--samples` random unpinned tails, and refuses the rest of
 a put whose first block's index at age 0 is below that victim's.
 
-  bench/policy_model.py --trace FILE --capacity 5000,10000 --policy lru,index-online
+  dev/policy_model.py --trace FILE --capacity 5000,10000 --policy lru,index-online
 """
 import argparse
 import collections

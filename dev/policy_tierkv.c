@@ -1,4 +1,5 @@
-/* policy_tierkv.c - "tierkv": the project's prefix-aware eviction policy (see tkv_policy.h).
+/* policy_tierkv.c - "tierkv": a prefix-aware eviction policy, kept in dev/ as the baseline that
+ * hazard replaced (tkv_policy_dev.h; not registered in the store).
  *
  * The idea (measurements, and the alternatives that lost: docs/design.md):
  *
@@ -72,7 +73,7 @@
  *             11-14) | hits << 16
  *   p_u64[2]  the newest child inserted under this entry (a tkv_policy_entry *), or 0
  */
-#include "tkv_policy.h"
+#include "tkv_policy_dev.h"
 
 #include "tkv_base.h"
 
