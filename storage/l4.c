@@ -787,7 +787,7 @@ int tkv_l4_fetch_prefix(tkv_l4 *l, const tkv_key *keys, size_t n, tkv_l4_block *
     for (size_t i = 0; i < prefix; i++) {
         tkv_l4_block *b = &out[found];
         b->tokens = tkv_xmalloc((size_t)l->o.block_tokens * 4);
-        uint8_t *copy = nc > 1 ? tkv_xmalloc(l->o.block_bytes) : NULL;
+        uint8_t *copy = nc > 1 ? tkv_rc_buf_get(l->o.block_bytes) : NULL;
         uint64_t *cs = tkv_xmalloc(nc * sizeof(uint64_t));
         bool ok = true, missing = false;
         hdr h0 = {0};
@@ -817,7 +817,7 @@ int tkv_l4_fetch_prefix(tkv_l4 *l, const tkv_key *keys, size_t n, tkv_l4_block *
         free(cs);
         if (!ok) {
             free(b->tokens);
-            free(copy);
+            tkv_rc_buf_release(copy);
             b->tokens = NULL;
             if (!missing)
                 bad[nbad++] = keys[i];
@@ -841,8 +841,7 @@ int tkv_l4_fetch_prefix(tkv_l4 *l, const tkv_key *keys, size_t n, tkv_l4_block *
     set_health(l, cn->rc);
     pthread_mutex_unlock(&cn->mu);
     for (size_t k = 0; k < n + more; k++)
-        if (cmds[k].reply)
-            freeReplyObject(cmds[k].reply);
+        tkv_rc_reply_free(cmds[k].reply);
 
     lock(l);
     l->st.lookups++;
@@ -868,9 +867,9 @@ void tkv_l4_blocks_free(tkv_l4_block *b, size_t n)
     for (size_t i = 0; b && i < n; i++) {
         free(b[i].tokens);
         if (b[i].owner_ && b[i].owner_ != b[i].payload)
-            freeReplyObject(b[i].owner_);
+            tkv_rc_reply_free(b[i].owner_);
         else
-            free(b[i].owner_);
+            tkv_rc_buf_release(b[i].owner_);
         b[i].tokens = NULL;
         b[i].payload = NULL;
         b[i].owner_ = NULL;

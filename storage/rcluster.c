@@ -11,6 +11,11 @@
  *
  * The sockets are non-blocking while a round runs; the few setup commands (AUTH, CLUSTER
  * SLOTS) run in blocking mode with SO_RCVTIMEO, between rounds, when nothing is in flight.
+ *
+ * Replies are read by us, not by hiredis: small ones into hiredis's reader buffer and parsed
+ * there; a bulk string of 64 KiB or more is taken over once its length is known and read
+ * straight into a reused buffer (one copy, from the socket), so a 1 MiB value costs neither
+ * hiredis's second copy nor fresh heap pages.
  */
 #include "tkv_rcluster.h"
 
@@ -18,7 +23,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +33,8 @@
 #include <sys/time.h>
 #include <sys/uio.h>
 #include <unistd.h>
+
+#include <hiredis/sds.h>
 
 #define MAX_REDIRECTS 5
 #define MAP_MIN_INTERVAL_NS 100000000ull /* reload the slot map at most every 100 ms */
@@ -116,6 +125,102 @@ int tkv_rc_parse_nodes(const char *list, char hosts[][64], int *ports, int max, 
 }
 
 /* ============================================================================================
+ * Large string buffers, kept for reuse
+ *
+ * A lookup of 16 blocks of 1 MiB hands 16 replies to its caller, who frees them together; from
+ * glibc's heap that is 16 MiB grown (page faults on fresh pages) and trimmed (brk) every round.
+ * Strings of POOL_MIN_BYTES or more are therefore taken from, and given back to, a small
+ * process-wide free list. Its buffers are plain malloc blocks, so a reply freed the ordinary
+ * way (freeReplyObject) is still correct, it just does not come back to the list.
+ * ========================================================================================== */
+
+#define POOL_MIN_BYTES (64u << 10)
+#define POOL_ROUND (64u << 10)     /* sizes rounded up, so near sizes share buffers */
+#define TAKE_MAX_BYTES (512u << 20) /* Redis's largest string (proto-max-bulk-len) */
+#define POOL_MAX_BUFS 64           /* idle at most 64 buffers (64 MiB of 1 MiB values) */
+
+static pthread_mutex_t g_pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static void *g_pool[POOL_MAX_BUFS];
+static int g_pool_n;
+
+void *tkv_rc_buf_get(size_t bytes)
+{
+    if (bytes < POOL_MIN_BYTES)
+        return tkv_xmalloc(bytes);
+    pthread_mutex_lock(&g_pool_mu);
+    for (int i = g_pool_n - 1; i >= 0; i--) {
+        size_t have = malloc_usable_size(g_pool[i]);
+        if (have >= bytes && have <= 2 * bytes + POOL_ROUND) {
+            void *p = g_pool[i];
+            g_pool[i] = g_pool[--g_pool_n];
+            pthread_mutex_unlock(&g_pool_mu);
+            return p;
+        }
+    }
+    pthread_mutex_unlock(&g_pool_mu);
+    return tkv_xmalloc((bytes + POOL_ROUND - 1) / POOL_ROUND * POOL_ROUND);
+}
+
+void tkv_rc_buf_release(void *p)
+{
+    if (!p)
+        return;
+    if (malloc_usable_size(p) >= POOL_MIN_BYTES) {
+        pthread_mutex_lock(&g_pool_mu);
+        if (g_pool_n < POOL_MAX_BUFS) {
+            g_pool[g_pool_n++] = p;
+            p = NULL;
+        }
+        pthread_mutex_unlock(&g_pool_mu);
+    }
+    free(p);
+}
+
+void tkv_rc_reply_free(redisReply *r)
+{
+    if (!r)
+        return;
+    if (r->type == REDIS_REPLY_STRING) {
+        tkv_rc_buf_release(r->str);
+        r->str = NULL;
+    }
+    freeReplyObject(r);
+}
+
+/* hiredis's reply builders with one change: a large string's copy goes into a pool buffer.
+ * The default builder makes the reply (and links it into its parent) with an empty string,
+ * whose 1-byte buffer is then swapped for ours. */
+static redisReplyObjectFunctions g_fn;
+static void *(*g_fn_default_string)(const redisReadTask *, char *, size_t);
+static pthread_once_t g_fn_once = PTHREAD_ONCE_INIT;
+
+static void *create_string(const redisReadTask *t, char *str, size_t len)
+{
+    if (len < POOL_MIN_BYTES)
+        return g_fn_default_string(t, str, len);
+    redisReply *r = g_fn_default_string(t, str, 0);
+    if (!r)
+        return NULL;
+    char *buf = tkv_rc_buf_get(len + 1);
+    memcpy(buf, str, len);
+    buf[len] = '\0';
+    free(r->str);
+    r->str = buf;
+    r->len = len;
+    return r;
+}
+
+static void fn_init(void)
+{
+    redisReader *rd = redisReaderCreate();
+    TKV_ASSERT(rd != NULL); /* out of memory at the first connect */
+    g_fn = *rd->fn;
+    g_fn_default_string = rd->fn->createString;
+    g_fn.createString = create_string;
+    redisReaderFree(rd);
+}
+
+/* ============================================================================================
  * Nodes and connections
  * ========================================================================================== */
 
@@ -135,6 +240,11 @@ typedef struct node {
     size_t arena_len, arena_cap;
     struct iovec *iov;
     size_t niov, iov_cap, iov_pos;
+    /* A large bulk reply taken over from hiredis's reader (see take_bulk): read straight
+     * into big (want = its length + the closing CRLF), handed out as `ready` when whole. */
+    char *big;
+    size_t big_len, big_have;
+    redisReply *ready;
 } node;
 
 #define INLINE_ARG_BYTES 512
@@ -156,7 +266,6 @@ struct tkv_rc {
     int16_t *ask;                  /* ASK target, or -1 */
     uint8_t *redirects;
     size_t *order;                 /* commands grouped by node, in send order */
-    char *rbuf;                    /* READ_BYTES, for socket reads */
 };
 
 static int node_find_add(tkv_rc *rc, const char *host, int port)
@@ -289,6 +398,10 @@ static void set_blocking(redisContext *c, bool on)
 
 static void node_drop(tkv_rc *rc, node *nd)
 {
+    tkv_rc_buf_release(nd->big);
+    nd->big = NULL;
+    tkv_rc_reply_free(nd->ready);
+    nd->ready = NULL;
     if (nd->c) {
         redisFree(nd->c);
         nd->c = NULL;
@@ -332,6 +445,8 @@ static redisContext *node_conn(tkv_rc *rc, node *nd)
     /* Keep the reader's buffer between replies: hiredis frees any idle buffer over 16 KiB,
      * so each 1 MiB value would grow a new one from nothing, copying it ~7 times. */
     nd->c->reader->maxbuf = 0;
+    pthread_once(&g_fn_once, fn_init);
+    nd->c->reader->fn = &g_fn;
     if (rc->password) {
         const char *argv[3] = {"AUTH", rc->user ? rc->user : rc->password, rc->password};
         redisReply *r = node_command(rc, nd, rc->user ? 3 : 2, argv);
@@ -458,7 +573,6 @@ int tkv_rc_open(const tkv_rc_opts *o, tkv_rc **out)
         rc->o.timeout_ms = 2000;
     if (!rc->o.backoff_max_ms)
         rc->o.backoff_max_ms = 2000;
-    rc->rbuf = tkv_xmalloc(READ_BYTES);
     rc->user = o->user && *o->user ? tkv_xstrdup(o->user) : NULL;
     rc->password = o->password && *o->password ? tkv_xstrdup(o->password) : NULL;
     rc->o.user = rc->o.password = NULL;
@@ -487,7 +601,6 @@ void tkv_rc_close(tkv_rc *rc)
     free(rc->ask);
     free(rc->redirects);
     free(rc->order);
-    free(rc->rbuf);
     free(rc);
 }
 
@@ -543,6 +656,59 @@ static void ensure_scratch(tkv_rc *rc, size_t n)
     rc->order = tkv_xmalloc(n * sizeof(*rc->order));
 }
 
+/* When hiredis's reader stopped inside a top-level bulk string of POOL_MIN_BYTES or more (it
+ * has read the '$' and waits for the rest), the rest is read by us straight into a pool
+ * buffer: hiredis would gather the whole value in its own buffer and then copy it out. The
+ * reader is left as between replies. */
+static void take_bulk(node *nd)
+{
+    redisReader *rd = nd->c->reader;
+    if (rd->err || rd->ridx != 0 || rd->rstack[0].type != REDIS_REPLY_STRING ||
+        rd->rstack[0].parent != NULL)
+        return;
+    const char *p = rd->buf + rd->pos, *end = rd->buf + rd->len;
+    const char *nl = memchr(p, '\r', (size_t)(end - p));
+    if (!nl || nl + 1 >= end || nl[1] != '\n' || nl == p)
+        return;
+    size_t len = 0;
+    for (const char *q = p; q < nl; q++) {
+        if (*q < '0' || *q > '9' || len > TAKE_MAX_BYTES)
+            return; /* "-1" (nil) or something odd: left to hiredis */
+        len = len * 10 + (size_t)(*q - '0');
+    }
+    if (len < POOL_MIN_BYTES || len > TAKE_MAX_BYTES)
+        return; /* over Redis's own limit: not allocated up front on the header's word */
+    const char *data = nl + 2;
+    size_t have = (size_t)(end - data);
+    if (have >= len + 2)
+        return; /* whole already (cannot be: hiredis would have parsed it) */
+    nd->big = tkv_rc_buf_get(len + 2);
+    memcpy(nd->big, data, have);
+    nd->big_len = len;
+    nd->big_have = have;
+    sdsclear(rd->buf);
+    rd->pos = rd->len = 0;
+    rd->ridx = -1;
+}
+
+/* The next reply of a node: a taken-over bulk once whole, else hiredis's next. */
+static int node_reply(node *nd, void **out)
+{
+    *out = NULL;
+    if (nd->ready) {
+        *out = nd->ready;
+        nd->ready = NULL;
+        return REDIS_OK;
+    }
+    if (nd->big)
+        return REDIS_OK;
+    if (redisGetReplyFromReader(nd->c, out) != REDIS_OK)
+        return REDIS_ERR;
+    if (!*out)
+        take_bulk(nd);
+    return REDIS_OK;
+}
+
 /* One poll() over every node still owed replies: writes what it can of their output, reads
  * what arrived (parsed later by the caller). Returns when something happened or at the
  * deadline. */
@@ -574,14 +740,41 @@ static void pump(tkv_rc *rc, uint64_t deadline_ns)
                 continue;
             }
         }
-        /* One read per wake-up into our own 128 KiB buffer (hiredis reads 16 KiB: 64 polls
-         * per 1 MiB value), then the caller parses; reading further ahead would pile replies
-         * up in the reader's buffer, which hiredis shifts down after every reply. */
-        if (pfd[j].revents & (POLLIN | POLLERR | POLLHUP)) {
-            ssize_t got = read(nd->c->fd, rc->rbuf, READ_BYTES);
+        /* One read of up to 128 KiB per wake-up (hiredis reads 16 KiB: 64 polls per 1 MiB
+         * value), straight into the end of the reader's buffer (redisReaderFeed would copy
+         * every value once more), then the caller parses; reading further ahead would pile
+         * replies up in that buffer, which hiredis shifts down after every reply. */
+        if ((pfd[j].revents & (POLLIN | POLLERR | POLLHUP)) && nd->big) {
+            size_t want = nd->big_len + 2 - nd->big_have;
+            ssize_t got = read(nd->c->fd, nd->big + nd->big_have, want);
             if (got > 0) {
-                if (redisReaderFeed(nd->c->reader, rc->rbuf, (size_t)got) != REDIS_OK)
-                    nd->failed = true;
+                nd->big_have += (size_t)got;
+                if (nd->big_have == nd->big_len + 2) {
+                    if (nd->big[nd->big_len] != '\r' || nd->big[nd->big_len + 1] != '\n') {
+                        nd->failed = true; /* out of step with the protocol */
+                        continue;
+                    }
+                    nd->big[nd->big_len] = '\0';
+                    redisReply *r = tkv_xcalloc(1, sizeof(*r));
+                    r->type = REDIS_REPLY_STRING;
+                    r->str = nd->big;
+                    r->len = nd->big_len;
+                    nd->ready = r;
+                    nd->big = NULL;
+                }
+            } else if (got == 0 || (errno != EAGAIN && errno != EINTR)) {
+                nd->failed = true;
+            }
+        } else if (pfd[j].revents & (POLLIN | POLLERR | POLLHUP)) {
+            redisReader *rd = nd->c->reader;
+            if (rd->err || !(rd->buf = sdsMakeRoomFor(rd->buf, READ_BYTES))) {
+                nd->failed = true;
+                continue;
+            }
+            ssize_t got = read(nd->c->fd, rd->buf + sdslen(rd->buf), READ_BYTES);
+            if (got > 0) {
+                sdsIncrLen(rd->buf, (int)got);
+                rd->len = sdslen(rd->buf);
             } else if (got == 0 || (errno != EAGAIN && errno != EINTR)) {
                 nd->failed = true; /* closed by the server, or an error */
             }
@@ -680,7 +873,7 @@ int tkv_rc_exec(tkv_rc *rc, tkv_rc_cmd *cmds, size_t n)
                 node *nd = &rc->nodes[k];
                 while (!nd->failed && nd->nread < nd->nsent) {
                     void *rv = NULL;
-                    if (redisGetReplyFromReader(nd->c, &rv) != REDIS_OK) {
+                    if (node_reply(nd, &rv) != REDIS_OK) {
                         nd->failed = true;
                         break;
                     }

@@ -63,7 +63,8 @@ typedef struct tkv_rc_cmd {
     int key_arg;                /* index of the key in argv (1 for GET/SET/EXISTS/DEL) */
     /* out: */
     redisReply *reply;          /* the answer (any type but a redirect); caller frees with
-                                   freeReplyObject; NULL when status != TKV_OK */
+                                   tkv_rc_reply_free (or freeReplyObject); NULL when
+                                   status != TKV_OK */
     int status;                 /* TKV_OK; TKV_EIO (node down, cluster down, error reply);
                                    TKV_ETIMEDOUT */
 } tkv_rc_cmd;
@@ -72,6 +73,16 @@ typedef struct tkv_rc_cmd {
  * Order between commands of one node is kept; there is none across nodes. Returns TKV_OK
  * when every command got an answer (status OK), else the first failure. */
 int tkv_rc_exec(tkv_rc *rc, tkv_rc_cmd *cmds, size_t n);
+
+/* Buffers for large values, shared by every router of the process (thread-safe). Strings of
+ * 64 KiB or more in replies are built in such buffers; tkv_rc_reply_free (or
+ * tkv_rc_buf_release on the string) gives them back for the next reply instead of to the heap,
+ * so a batch of large values does not grow and trim the heap every time. They are ordinary
+ * malloc blocks: freeReplyObject / free on them is correct too (the buffer is not reused).
+ * tkv_rc_buf_get never fails (aborts on out-of-memory, like tkv_xmalloc); release takes NULL. */
+void *tkv_rc_buf_get(size_t bytes);
+void tkv_rc_buf_release(void *p);
+void tkv_rc_reply_free(redisReply *r);
 
 /* Reloads the slot map now (a no-op when one was loaded in the last 100 ms). TKV_OK when a
  * node answered with a map covering every slot. */

@@ -402,6 +402,87 @@ static int rc_one(tkv_rc *rc, const char *a0, const char *a1, const char *a2, re
     return st;
 }
 
+/* Large values come back bit-exact whatever the path: read past hiredis into a pool buffer
+ * (top-level bulks of 64 KiB or more), built by hiredis (smaller ones, array elements), next
+ * to nil answers, pipelined on one node and spread over all of them. */
+START_TEST(router_large_values_bit_exact)
+{
+    tkv_rc_opts o = {.nodes = g_nodes, .password = PASSWORD};
+    tkv_rc *rc = NULL;
+    ck_assert_int_eq(tkv_rc_open(&o, &rc), TKV_OK);
+    static const size_t sizes[] = {5, (64u << 10) - 1, 64u << 10, (200u << 10) + 7, 1u << 20,
+                                   (1u << 20) + 129, 3};
+    enum { NV = sizeof(sizes) / sizeof(sizes[0]), ROUNDS = 3 };
+    char keys[2 * NV][32];
+    char *vals[NV];
+    const char *argv[4 * NV + 1][3 + NV];
+    size_t len[4 * NV + 1][3 + NV];
+    tkv_rc_cmd cmds[4 * NV + 1];
+    for (int i = 0; i < (int)NV; i++) {
+        vals[i] = malloc(sizes[i]);
+        for (size_t b = 0; b < sizes[i]; b++)
+            vals[i][b] = (char)(b * 131 + (size_t)i * 7 + (b >> 13));
+        snprintf(keys[i], sizeof(keys[i]), "{big}:%d", i);     /* one node, pipelined */
+        snprintf(keys[NV + i], sizeof(keys[i]), "spread:%d", i); /* every node */
+    }
+    memset(cmds, 0, sizeof(cmds));
+    for (int i = 0; i < 2 * (int)NV; i++) {
+        argv[i][0] = "SET", argv[i][1] = keys[i], argv[i][2] = vals[i % NV];
+        len[i][0] = 3, len[i][1] = strlen(keys[i]), len[i][2] = sizes[i % NV];
+        cmds[i] = (tkv_rc_cmd){.argc = 3, .argv = argv[i], .argvlen = len[i], .key_arg = 1};
+    }
+    ck_assert_int_eq(tkv_rc_exec(rc, cmds, 2 * NV), TKV_OK);
+    for (int i = 0; i < 2 * (int)NV; i++)
+        freeReplyObject(cmds[i].reply);
+    for (int round = 0; round < ROUNDS; round++) {
+        /* GET each key, a missing key between them, and one MGET of the {big} keys */
+        size_t n = 0;
+        for (int i = 0; i < 2 * (int)NV; i++) {
+            argv[n][0] = "GET", argv[n][1] = keys[i];
+            len[n][0] = 3, len[n][1] = strlen(keys[i]);
+            cmds[n] = (tkv_rc_cmd){.argc = 2, .argv = argv[n], .argvlen = len[n], .key_arg = 1};
+            n++;
+            argv[n][0] = "GET", argv[n][1] = "{big}:none";
+            len[n][0] = 3, len[n][1] = 10;
+            cmds[n] = (tkv_rc_cmd){.argc = 2, .argv = argv[n], .argvlen = len[n], .key_arg = 1};
+            n++;
+        }
+        argv[n][0] = "MGET";
+        len[n][0] = 4;
+        for (int i = 0; i < (int)NV; i++)
+            argv[n][1 + i] = keys[i], len[n][1 + i] = strlen(keys[i]);
+        cmds[n] = (tkv_rc_cmd){.argc = 1 + NV, .argv = argv[n], .argvlen = len[n], .key_arg = 1};
+        n++;
+        ck_assert_int_eq(tkv_rc_exec(rc, cmds, n), TKV_OK);
+        for (size_t k = 0; k + 1 < n; k += 2) {
+            redisReply *r = cmds[k].reply;
+            size_t want = sizes[(k / 2) % NV];
+            ck_assert_int_eq(r->type, REDIS_REPLY_STRING);
+            ck_assert_uint_eq(r->len, want);
+            ck_assert(memcmp(r->str, vals[(k / 2) % NV], want) == 0);
+            ck_assert_int_eq(r->str[want], '\0');
+            ck_assert_int_eq(cmds[k + 1].reply->type, REDIS_REPLY_NIL);
+            if (k & 2)
+                tkv_rc_reply_free(r);
+            else
+                freeReplyObject(r);
+            tkv_rc_reply_free(cmds[k + 1].reply);
+        }
+        redisReply *m = cmds[n - 1].reply;
+        ck_assert_int_eq(m->type, REDIS_REPLY_ARRAY);
+        ck_assert_uint_eq(m->elements, NV);
+        for (int i = 0; i < (int)NV; i++) {
+            ck_assert_uint_eq(m->element[i]->len, sizes[i]);
+            ck_assert(memcmp(m->element[i]->str, vals[i], sizes[i]) == 0);
+        }
+        freeReplyObject(m);
+    }
+    for (int i = 0; i < (int)NV; i++)
+        free(vals[i]);
+    tkv_rc_close(rc);
+}
+END_TEST
+
 START_TEST(router_follows_ask_and_moved)
 {
     tkv_rc_opts o = {.nodes = g_nodes, .password = PASSWORD};
@@ -924,6 +1005,7 @@ int main(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, l4_keys_are_validated);
     tcase_add_test(tc, router_follows_ask_and_moved);
+    tcase_add_test(tc, router_large_values_bit_exact);
     tcase_add_test(tc, l4_splits_checks_and_misses_damage);
     tcase_add_test(tc, host_b_hits_what_host_a_put);
     tcase_add_test(tc, flipped_bytes_in_redis_are_missed);
