@@ -209,6 +209,18 @@ def metrics(d):
     return out
 
 
+def uid_switching_harness(tierkvd, proto_dir):
+    """A Harness whose folders every uid may enter, for tests whose clients run as other users
+    (the tenant tests). Exits SKIP where switching uid is not possible (not root)."""
+    if os.geteuid() != 0:
+        print("skipped: switching uid needs root")
+        sys.exit(SKIP)
+    h = Harness(tierkvd, proto_dir)
+    for root, _, _ in os.walk(h.top):
+        os.chmod(root, 0o755)
+    return h
+
+
 def main_wrapper(fn):
     try:
         fn()
