@@ -205,6 +205,12 @@ static bool on_hello(tkvd_attach *a, size_t i)
         store_tenant = tkvd_tenant_store_id(t);
         tag = tkvd_tenant_tag(t);
     }
+    int region_fd = -1;
+    tkv_store_l2_region(a->store, store_tenant, NULL, NULL, NULL, &region_fd);
+    if (region_fd < 0) { /* an empty region (the config gives every tenant one): nothing to map */
+        reject(a, c->fd, TKV_EUNSUPPORTED, "no L2 region to map for this caller");
+        return false;
+    }
     bool writable = false;
     if (h.flags & TKV_ATTACH_HELLO_WRITABLE) {
         struct ucred cred;
