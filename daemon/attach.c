@@ -107,8 +107,9 @@ bool tkvd_attach_client_live(tkvd_attach *a, uint64_t client_id)
     return live;
 }
 
-/* Sends a reply; with the memfd attached when status is OK. */
-static int send_reply(tkvd_attach *a, int fd, const tkv_attach_reply *rep, bool with_fd)
+/* Sends a reply; with the memfd of the tenant's L2 region attached when status is OK. */
+static int send_reply(tkvd_attach *a, int fd, const tkv_attach_reply *rep, bool with_fd,
+                      unsigned store_tenant)
 {
     struct iovec iov = {.iov_base = (void *)rep, .iov_len = sizeof(*rep)};
     union {
@@ -124,8 +125,9 @@ static int send_reply(tkvd_attach *a, int fd, const tkv_attach_reply *rep, bool 
         cm->cmsg_level = SOL_SOCKET;
         cm->cmsg_type = SCM_RIGHTS;
         cm->cmsg_len = CMSG_LEN(sizeof(int));
-        int memfd = (rep->flags & TKV_ATTACH_F_WRITABLE) ? tkv_store_l2_fd(a->store)
-                                                         : tkv_store_l2_fd_readonly(a->store);
+        int rw = -1, ro = -1;
+        tkv_store_l2_region(a->store, store_tenant, NULL, NULL, &rw, &ro);
+        int memfd = (rep->flags & TKV_ATTACH_F_WRITABLE) ? rw : ro;
         memcpy(CMSG_DATA(cm), &memfd, sizeof(int));
     }
     ssize_t n = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -145,7 +147,7 @@ static void reject(tkvd_attach *a, int fd, int status, const char *fmt, ...)
     vsnprintf(rep.message, sizeof(rep.message), fmt, ap);
     va_end(ap);
     TKV_LOG(TKV_LOG_INFO, "attach: refused a client: %s", rep.message);
-    send_reply(a, fd, &rep, false);
+    send_reply(a, fd, &rep, false, 0);
 }
 
 /* Handles the hello on conns[i]. Returns false if the connection must be closed. */
@@ -177,6 +179,8 @@ static bool on_hello(tkvd_attach *a, size_t i)
         return false;
     }
     uint64_t tag = 0;
+    unsigned store_tenant = 0;   /* whose L2 region the client maps */
+    bool may_l1 = true;          /* the L1 pool holds every tenant's blocks */
     pthread_mutex_lock(&a->mu);
     const tkvd_tenants *ts = a->tenants;
     pthread_mutex_unlock(&a->mu);
@@ -195,15 +199,17 @@ static bool on_hello(tkvd_attach *a, size_t i)
                    (unsigned)cred.uid, (unsigned)cred.gid);
             return false;
         }
-        if (!t->map_pool) {
-            atomic_fetch_add_explicit(&a->metrics->tenant_denied[t->index + 1], 1,
-                                      memory_order_relaxed);
-            reject(a, c->fd, TKV_EINVAL, "tenant %s may not map the shared pools (they hold "
-                   "every tenant's blocks): use put/get by value, or set tenant.%s.map_pool = on "
-                   "for a trusted engine", t->name, t->name);
-            return false;
-        }
+        /* Every tenant maps its own L2 region only (a memfd of its own: no offset reaches
+         * another's bytes); the L1 pool, one allocation for all, only for map_pool tenants. */
+        may_l1 = t->map_pool;
+        store_tenant = tkvd_tenant_store_id(t);
         tag = tkvd_tenant_tag(t);
+    }
+    int region_fd = -1;
+    tkv_store_l2_region(a->store, store_tenant, NULL, NULL, NULL, &region_fd);
+    if (region_fd < 0) { /* an empty region (the config gives every tenant one): nothing to map */
+        reject(a, c->fd, TKV_EUNSUPPORTED, "no L2 region to map for this caller");
+        return false;
     }
     bool writable = false;
     if (h.flags & TKV_ATTACH_HELLO_WRITABLE) {
@@ -236,16 +242,16 @@ static bool on_hello(tkvd_attach *a, size_t i)
     c->client_id = rep.client_id;
     pthread_mutex_unlock(&a->mu);
     atomic_fetch_add_explicit(&a->metrics->clients_connected, 1, memory_order_relaxed);
-    rep.l2_bytes = tkv_store_l2_bytes(a->store);
+    tkv_store_l2_region(a->store, store_tenant, NULL, &rep.l2_bytes, NULL, NULL);
     rep.block_bytes = tkv_store_block_bytes(a->store);
     rep.block_tokens = tkv_store_block_tokens(a->store);
     pthread_mutex_lock(&a->mu);
-    bool gpu = a->have_gpu;
+    bool gpu = a->have_gpu && may_l1;
     tkvd_fast *fast = (h.flags & TKV_ATTACH_HELLO_FAST) ? a->fast : NULL;
     pthread_mutex_unlock(&a->mu);
     rep.flags = (gpu ? TKV_ATTACH_F_L1 : 0) | (writable ? TKV_ATTACH_F_WRITABLE : 0) |
                 (fast ? TKV_ATTACH_F_FAST : 0);
-    if (send_reply(a, c->fd, &rep, true) != 0 ||
+    if (send_reply(a, c->fd, &rep, true, store_tenant) != 0 ||
         (gpu && send(c->fd, &a->gpu, sizeof(a->gpu), MSG_NOSIGNAL | MSG_DONTWAIT) !=
                     (ssize_t)sizeof(a->gpu))) {
         TKV_LOG(TKV_LOG_INFO, "attach: could not answer pid %u: %s", h.pid, strerror(errno));

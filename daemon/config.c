@@ -615,14 +615,23 @@ int tkvd_config_finish(tkvd_config *c, char *err, size_t err_len)
     }
     if (tkvd_tenants_finish(&c->tenants, err, err_len) != TKV_OK)
         return TKV_EINVAL;
-    /* Guaranteed shares must all fit at once, or a guarantee could not be kept. */
-    uint64_t guaranteed = 0;
+    /* Each tenant's L2 is a region of its own: the regions must fit in L2. */
+    if (tkvd_tenants_enabled(&c->tenants)) {
+        uint64_t *regions = tkv_xcalloc(c->tenants.n, sizeof(*regions));
+        int rc = tkvd_tenants_l2_regions(&c->tenants, tkvd_config_l2_blocks(c), regions, err,
+                                         err_len);
+        free(regions);
+        if (rc != TKV_OK)
+            return TKV_EINVAL;
+    }
+    /* Guaranteed L3 shares must all fit at once, or a guarantee could not be kept. */
+    uint64_t guaranteed = 0, l3_blocks = c->block_bytes ? c->l3_capacity_bytes / c->block_bytes : 0;
     for (size_t i = 0; i < c->tenants.n; i++)
-        guaranteed += c->tenants.v[i]->guaranteed_l2_blocks;
-    if (guaranteed > tkvd_config_l2_blocks(c)) {
-        set_err(err, err_len, "tenants' guaranteed_l2_blocks add up to %llu, more than the %llu "
-                "blocks of L2", (unsigned long long)guaranteed,
-                (unsigned long long)tkvd_config_l2_blocks(c));
+        guaranteed += c->tenants.v[i]->guaranteed_l3_blocks;
+    if (c->l3_capacity_bytes && guaranteed > l3_blocks) {
+        set_err(err, err_len, "tenants' guaranteed_l3_blocks add up to %llu, more than the %llu "
+                "blocks of L3 (l3_capacity_bytes)", (unsigned long long)guaranteed,
+                (unsigned long long)l3_blocks);
         return TKV_EINVAL;
     }
     if (*c->grpc_tcp && !strchr(c->grpc_tcp, ':')) {

@@ -35,6 +35,9 @@ struct tkvd_gpu {
     char *l2_base;
     uint64_t l2_bytes;
     size_t l2_stride;   /* registration chunks hold whole slots */
+    uint64_t *l2_regions; /* bytes of each L2 region (a memfd mapping each), back to back */
+    unsigned num_l2_regions;
+    uint64_t l2_probe_bytes; /* the first region's: the rate probe stays in one registration */
     bool l2_pinned;
     double h2d_gbps;
 
@@ -55,7 +58,7 @@ static uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 /* One pinned copy of 256 MiB up: the rate the cost check quotes. */
 static double probe_h2d(tkvd_gpu *g)
 {
-    uint64_t bytes = g->l2_bytes < (256ull << 20) ? g->l2_bytes : (256ull << 20);
+    uint64_t bytes = g->l2_probe_bytes < (256ull << 20) ? g->l2_probe_bytes : (256ull << 20);
     uint64_t l1 = (uint64_t)g->num_blocks * g->block_bytes;
     if (bytes > g->chunk_bytes)
         bytes = g->chunk_bytes;
@@ -152,18 +155,51 @@ fail:
     return rc;
 }
 
-int tkvd_gpu_pin_l2(tkvd_gpu *g, void *l2_base, uint64_t l2_bytes, size_t slot_stride)
+/* Unregisters the first n regions of the L2 pool. */
+static void unpin_regions(tkvd_gpu *g, unsigned n)
 {
-    if (!g || !l2_base || l2_bytes == 0 || g->l2_pinned)
+    uint64_t off = 0;
+    for (unsigned r = 0; r < n; r++) {
+        if (g->l2_regions[r])
+            tkvk_host_unregister(g->l2_base + off, g->l2_regions[r], g->l2_stride);
+        off += g->l2_regions[r];
+    }
+}
+
+int tkvd_gpu_pin_l2(tkvd_gpu *g, void *l2_base, uint64_t l2_bytes, const uint64_t *region_bytes,
+                    unsigned num_regions, size_t slot_stride)
+{
+    if (!g || !l2_base || l2_bytes == 0 || g->l2_pinned || !region_bytes || !num_regions)
+        return TKV_EINVAL;
+    uint64_t sum = 0;
+    for (unsigned r = 0; r < num_regions; r++)
+        sum += region_bytes[r];
+    if (sum != l2_bytes)
         return TKV_EINVAL;
     cudaSetDevice(g->device);
-    if (tkvk_host_register(l2_base, l2_bytes, slot_stride) != TKVK_OK) {
-        TKV_LOG(TKV_LOG_WARN, "gpu: pinning L2: %s", tkvk_last_error());
-        return TKV_EUNSUPPORTED;
-    }
     g->l2_base = l2_base;
-    g->l2_bytes = l2_bytes;
     g->l2_stride = slot_stride;
+    g->l2_regions = malloc(num_regions * sizeof(*g->l2_regions));
+    if (!g->l2_regions)
+        return TKV_ENOMEM;
+    memcpy(g->l2_regions, region_bytes, num_regions * sizeof(*g->l2_regions));
+    g->l2_probe_bytes = 0;
+    uint64_t off = 0;
+    for (unsigned r = 0; r < num_regions; r++) {
+        if (region_bytes[r] && tkvk_host_register(g->l2_base + off, region_bytes[r],
+                                                  slot_stride) != TKVK_OK) {
+            TKV_LOG(TKV_LOG_WARN, "gpu: pinning L2 region %u: %s", r, tkvk_last_error());
+            unpin_regions(g, r);
+            free(g->l2_regions);
+            g->l2_regions = NULL;
+            return TKV_EUNSUPPORTED;
+        }
+        if (!g->l2_probe_bytes)
+            g->l2_probe_bytes = region_bytes[r];
+        off += region_bytes[r];
+    }
+    g->num_l2_regions = num_regions;
+    g->l2_bytes = l2_bytes;
     g->l2_pinned = true;
     g->h2d_gbps = probe_h2d(g);
     TKV_LOG(TKV_LOG_INFO, "gpu: L2 pinned (%llu MiB); host-to-device %.1f GB/s",
@@ -176,7 +212,8 @@ void tkvd_gpu_close(tkvd_gpu *g)
     if (!g)
         return;
     if (g->l2_pinned)
-        tkvk_host_unregister(g->l2_base, g->l2_bytes, g->l2_stride);
+        unpin_regions(g, g->num_l2_regions);
+    free(g->l2_regions);
     for (int i = 0; i < kNumStreams; i++)
         if (g->streams[i])
             cudaStreamDestroy(g->streams[i]);
@@ -305,7 +342,8 @@ int tkvd_gpu_open(int ordinal, uint64_t num_blocks, size_t block_bytes, tkvd_gpu
     return TKV_EUNSUPPORTED;
 }
 
-int tkvd_gpu_pin_l2(tkvd_gpu *g, void *l2_base, uint64_t l2_bytes, size_t slot_stride)
+int tkvd_gpu_pin_l2(tkvd_gpu *g, void *l2_base, uint64_t l2_bytes, const uint64_t *region_bytes,
+                    unsigned num_regions, size_t slot_stride)
 {
     return TKV_EUNSUPPORTED;
 }

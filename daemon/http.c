@@ -347,20 +347,23 @@ static void render_metrics(const tkvd_http_source *src, const http_snapshot *s, 
         prom_family(b, "tierkv_tenant_quota_blocks", "gauge",
                     "Configured quota per tenant and tier (0 = no limit).");
         for (size_t i = 0; i < ts->n; i++)
-            buf_printf(b, "tierkv_tenant_quota_blocks{tenant=\"%s\",tier=\"l2\"} %" PRIu64 "\n",
-                       ts->v[i]->name, tst[i].max_blocks_tier[TKV_TIER_L2]);
+            for (int t = TKV_TIER_L2; t <= TKV_TIER_L3; t++)
+                buf_printf(b, "tierkv_tenant_quota_blocks{tenant=\"%s\",tier=\"%s\"} %" PRIu64
+                           "\n", ts->v[i]->name, tier_name[t], tst[i].max_blocks_tier[t]);
         prom_family(b, "tierkv_tenant_guaranteed_blocks", "gauge",
                     "Guaranteed share per tenant and tier (0 = none).");
         for (size_t i = 0; i < ts->n; i++)
-            buf_printf(b, "tierkv_tenant_guaranteed_blocks{tenant=\"%s\",tier=\"l2\"} %" PRIu64
-                       "\n", ts->v[i]->name, tst[i].guaranteed_blocks_tier[TKV_TIER_L2]);
+            for (int t = TKV_TIER_L2; t <= TKV_TIER_L3; t++)
+                buf_printf(b, "tierkv_tenant_guaranteed_blocks{tenant=\"%s\",tier=\"%s\"} %"
+                           PRIu64 "\n", ts->v[i]->name, tier_name[t],
+                           tst[i].guaranteed_blocks_tier[t]);
         prom_family(b, "tierkv_tenant_refused_blocks_total", "counter",
-                    "Blocks a tenant's put or alloc could not store within its quota.");
+                    "Blocks a tenant's put, alloc or write-back to L3 could not store within its quota.");
         for (size_t i = 0; i < ts->n; i++)
             buf_printf(b, "tierkv_tenant_refused_blocks_total{tenant=\"%s\"} %" PRIu64 "\n",
                        ts->v[i]->name, tst[i].refused_blocks);
         prom_family(b, "tierkv_tenant_own_evictions_total", "counter",
-                    "Own blocks a tenant evicted to stay within its quota.");
+                    "Own blocks a tenant evicted to stay within its quota or L2 region.");
         for (size_t i = 0; i < ts->n; i++)
             buf_printf(b, "tierkv_tenant_own_evictions_total{tenant=\"%s\"} %" PRIu64 "\n",
                        ts->v[i]->name, tst[i].own_evictions);

@@ -411,14 +411,29 @@ static int become_daemon(daemon_state *d)
     return 0;
 }
 
-/* Each tenant's L2 quota and guaranteed share, under its store id (tkvd_tenant_store_id). */
+/* Each tenant's own L2 region (its quota_l2_blocks, or a share of what the quotas leave: a
+ * memfd of its own, all it may map), its L3 quota and guaranteed share, and its name for the
+ * refusal log line, under its store id (tkvd_tenant_store_id). */
 static bool set_tenant_quotas(tkv_store_opts *so, const tkvd_config *cfg)
 {
+    if (!tkvd_tenants_enabled(&cfg->tenants))
+        return true;
+    uint64_t regions[TKVD_TENANT_MAX];
+    char err[256];
+    if (tkvd_tenants_l2_regions(&cfg->tenants, tkvd_config_l2_blocks(cfg), regions, err,
+                                sizeof(err)) != TKV_OK) {
+        TKV_LOG(TKV_LOG_ERROR, "%s", err);
+        return false;
+    }
     for (size_t i = 0; i < cfg->tenants.n; i++) {
         const tkvd_tenant *t = cfg->tenants.v[i];
-        if ((t->quota_l2_blocks || t->guaranteed_l2_blocks) &&
-            tkv_store_opts_set_tenant_quota(so, tkvd_tenant_store_id(t), TKV_TIER_L2,
-                                            t->quota_l2_blocks, t->guaranteed_l2_blocks) != TKV_OK)
+        unsigned id = tkvd_tenant_store_id(t);
+        if (tkv_store_opts_set_l2_region(so, id, regions[i]) != TKV_OK ||
+            tkv_store_opts_set_tenant_name(so, id, t->name) != TKV_OK)
+            return false;
+        if ((t->quota_l3_blocks || t->guaranteed_l3_blocks) &&
+            tkv_store_opts_set_tenant_quota(so, id, TKV_TIER_L3, t->quota_l3_blocks,
+                                            t->guaranteed_l3_blocks) != TKV_OK)
             return false;
     }
     return true;
@@ -485,8 +500,16 @@ static int open_store(daemon_state *d)
         TKV_LOG(TKV_LOG_ERROR, "cannot open the store: %s", tkv_strerror(rc));
         return EXIT_RUNTIME;
     }
+    /* Each L2 region is its own memfd mapping: pinned one by one (a registration may not
+     * span two mappings), addressed from the one base. */
+    uint64_t reg_bytes[TKV_STORE_TENANTS_MAX];
+    unsigned num_reg = tkv_store_l2_num_regions(d->store);
+    for (unsigned r = 0; r < num_reg; r++) {
+        uint64_t off = 0;
+        tkv_store_l2_region_at(d->store, r, &off, &reg_bytes[r]);
+    }
     if (d->gpu && tkvd_gpu_pin_l2(d->gpu, tkv_store_l2_ptr(d->store, 0),
-                                  tkv_store_l2_bytes(d->store),
+                                  tkv_store_l2_bytes(d->store), reg_bytes, num_reg,
                                   tkv_store_l2_slot_stride(d->store)) != TKV_OK) {
         TKV_LOG(TKV_LOG_ERROR, "gpu: cannot pin the L2 pool for DMA");
         return EXIT_RUNTIME;

@@ -98,8 +98,9 @@ static void hex_prefix(const uint8_t *b, size_t n, char *out)
 /* ---- tenants ----------------------------------------------------------------------------------- */
 
 /* A refusal for tenant reasons (PERMISSION_DENIED, or NOT_FOUND where existence must not be
- * revealed), counted per tenant (tierkv_tenant_denied_total) and logged at most once a second,
- * so a client hammering the daemon with forged requests cannot flood the log. */
+ * revealed), counted per tenant (tierkv_tenant_denied_total) and logged at most once a second
+ * per tenant with the number held back, so a client hammering the daemon with forged requests
+ * cannot flood the log, nor hide another tenant's refusals behind its own. */
 static bool deny(tkvd_call *k, grpc_status_code code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static bool deny(tkvd_call *k, grpc_status_code code, const char *fmt, ...)
@@ -110,18 +111,19 @@ static bool deny(tkvd_call *k, grpc_status_code code, const char *fmt, ...)
     va_end(ap);
     k->code = code;
     tkvd_metrics *m = k->svc->metrics;
-    atomic_fetch_add_explicit(&m->tenant_denied[k->tenant ? k->tenant->index + 1 : 0], 1,
-                              memory_order_relaxed);
+    size_t slot = k->tenant ? k->tenant->index + 1 : 0;
+    atomic_fetch_add_explicit(&m->tenant_denied[slot], 1, memory_order_relaxed);
     uint64_t now_ms = tkv_now_ns() / 1000000u;
-    uint64_t last = atomic_load_explicit(&m->deny_log_ms, memory_order_relaxed);
-    if (now_ms - last >= 1000 && atomic_compare_exchange_strong(&m->deny_log_ms, &last, now_ms)) {
-        uint64_t held = atomic_exchange(&m->deny_log_held, 0);
+    uint64_t last = atomic_load_explicit(&m->deny_log_ms[slot], memory_order_relaxed);
+    if ((last == 0 || now_ms - last >= 1000) &&
+        atomic_compare_exchange_strong(&m->deny_log_ms[slot], &last, now_ms)) {
+        uint64_t held = atomic_exchange(&m->deny_log_held[slot], 0);
         TKV_LOG(TKV_LOG_WARN, "refused a call of tenant %s (uid %d pid %d, %s): %s (%" PRIu64
                 " more refusals since the last line)", k->tenant ? k->tenant->name : "(none)",
                 k->peer.has_cred ? (int)k->peer.uid : -1, k->peer.has_cred ? (int)k->peer.pid : -1,
                 k->peer.addr, k->msg, held);
     } else {
-        atomic_fetch_add_explicit(&m->deny_log_held, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&m->deny_log_held[slot], 1, memory_order_relaxed);
     }
     return false;
 }
@@ -286,17 +288,26 @@ static const char *tier_name(int t)
     }
 }
 
-/* A repeated BlockLoc from store locations, in call scratch memory. */
+/* A repeated BlockLoc from store locations, in call scratch memory. L2 offsets are told
+ * relative to the caller's tenant's L2 region (the memfd its attach got): a block outside it
+ * (none should be: a lease holds its tenant's blocks) is shown as not in L2, so no offset of
+ * another region ever reaches a client. */
 static Tierkv__V1__BlockLoc **loc_msgs(tkvd_call *k, const tkv_block_loc *locs, size_t n)
 {
     Tierkv__V1__BlockLoc *msgs = call_alloc(k, n, sizeof(*msgs));
     Tierkv__V1__BlockLoc **ptrs = call_alloc(k, n, sizeof(*ptrs));
+    uint64_t base = 0, bytes = 0;
+    tkv_store_l2_region(k->svc->store, tkvd_tenant_store_id(k->tenant), &base, &bytes, NULL, NULL);
     for (size_t i = 0; i < n; i++) {
         tierkv__v1__block_loc__init(&msgs[i]);
-        msgs[i].tier = (Tierkv__V1__Tier)locs[i].tier;
-        msgs[i].in_l2 = locs[i].in_l2;
+        bool in_l2 = locs[i].in_l2 && locs[i].l2_offset >= base &&
+                     locs[i].l2_offset - base < bytes;
+        msgs[i].tier = (Tierkv__V1__Tier)(locs[i].tier == TKV_TIER_L2 && !in_l2
+                                              ? (locs[i].in_l3 ? TKV_TIER_L3 : TKV_TIER_NONE)
+                                              : locs[i].tier);
+        msgs[i].in_l2 = in_l2;
         msgs[i].in_l3 = locs[i].in_l3;
-        msgs[i].l2_offset = locs[i].in_l2 ? locs[i].l2_offset : 0;
+        msgs[i].l2_offset = in_l2 ? locs[i].l2_offset - base : 0;
         msgs[i].in_l1 = locs[i].in_l1;
         msgs[i].l1_offset = locs[i].in_l1 ? locs[i].l1_offset : 0;
         ptrs[i] = &msgs[i];
@@ -359,6 +370,15 @@ static int target_tier(tkvd_call *k, int tier, const char *what)
 {
     if (tier == TKV_TIER_NONE || tier == TKV_TIER_L2)
         return TKV_TIER_L2;
+    /* The L1 pool is one CUDA allocation holding every tenant's L1 blocks, exported whole, so
+     * only map_pool tenants (trusted engines) get its handle at attach, and only they may
+     * place blocks there. */
+    if (tier == TKV_TIER_L1 && has_l1(k->svc) && k->tenant && !k->tenant->map_pool) {
+        deny(k, GRPC_STATUS_PERMISSION_DENIED, "%s: tenant '%s' may not use the shared L1 "
+             "pool (it holds every tenant's blocks): set tenant.%s.map_pool = on for a trusted "
+             "engine", what, k->tenant->name, k->tenant->name);
+        return -1;
+    }
     if (tier == TKV_TIER_L1 && has_l1(k->svc))
         return TKV_TIER_L1;
     if (tier == TKV_TIER_L1)
@@ -412,8 +432,8 @@ static bool lookup_one(tkvd_call *k, const uint32_t *tokens, size_t n_tokens, ui
         tkv_block_loc *locs = call_alloc(k, num_blocks, sizeof(*locs));
         uint64_t lease = 0;
         size_t hit = 0;
-        int rc = tkv_store_lookup(svc->store, keys, num_blocks, k->owner_id, ttl_ms, &lease, &hit,
-                                  locs);
+        int rc = tkv_store_lookup_as(svc->store, tkvd_tenant_store_id(k->tenant), keys,
+                                     num_blocks, k->owner_id, ttl_ms, &lease, &hit, locs);
         if (!store_ok(k, rc, "lookup"))
             return false;
         rsp->num_hit_blocks = (uint32_t)hit;
@@ -655,6 +675,13 @@ static void h_alloc(tkvd_call *k, const void *req, void *out)
                                 &id, offsets);
     if (!store_ok(k, rc, "alloc"))
         return;
+    if (target_tier(k, rq->tier, "alloc") == TKV_TIER_L2) { /* relative to the tenant's region */
+        uint64_t base = 0;
+        tkv_store_l2_region(k->svc->store, tkvd_tenant_store_id(k->tenant), &base, NULL, NULL,
+                            NULL);
+        for (uint32_t i = 0; i < rq->num_blocks; i++)
+            offsets[i] -= base;
+    }
     rsp->alloc_id = id;
     rsp->n_offsets = rq->num_blocks;
     rsp->offsets = offsets;

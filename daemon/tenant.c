@@ -179,8 +179,13 @@ int tkvd_tenants_set(tkvd_tenants *t, const char *name, const char *field, const
             goto bad;
         }
     } else if (strcmp(field, "quota_l2_blocks") == 0 ||
-               strcmp(field, "guaranteed_l2_blocks") == 0) {
-        uint64_t *slot = field[0] == 'q' ? &tn->quota_l2_blocks : &tn->guaranteed_l2_blocks;
+               strcmp(field, "guaranteed_l2_blocks") == 0 ||
+               strcmp(field, "quota_l3_blocks") == 0 ||
+               strcmp(field, "guaranteed_l3_blocks") == 0) {
+        bool l3 = strstr(field, "_l3_") != NULL;
+        uint64_t *slot = field[0] == 'q' ? (l3 ? &tn->quota_l3_blocks : &tn->quota_l2_blocks)
+                                         : (l3 ? &tn->guaranteed_l3_blocks
+                                               : &tn->guaranteed_l2_blocks);
         errno = 0;
         char *end = NULL;
         unsigned long long v = isdigit((unsigned char)value[0]) ? strtoull(value, &end, 10) : 0;
@@ -191,7 +196,8 @@ int tkvd_tenants_set(tkvd_tenants *t, const char *name, const char *field, const
         *slot = v;
     } else {
         snprintf(why, sizeof(why), "unknown tenant field '%s' (uid, gid, tls_subject, "
-                 "token_sha256, admin, map_pool, quota_l2_blocks, guaranteed_l2_blocks)", field);
+                 "token_sha256, admin, map_pool, quota_l2_blocks, guaranteed_l2_blocks, "
+                 "quota_l3_blocks, guaranteed_l3_blocks)", field);
         goto bad;
     }
     if (fresh)
@@ -212,6 +218,12 @@ int tkvd_tenants_finish(const tkvd_tenants *t, char *err, size_t err_len)
             set_err(err, err_len, "tenant.%s: guaranteed_l2_blocks %llu exceeds its "
                     "quota_l2_blocks %llu", a->name, (unsigned long long)a->guaranteed_l2_blocks,
                     (unsigned long long)a->quota_l2_blocks);
+            return TKV_EINVAL;
+        }
+        if (a->quota_l3_blocks && a->guaranteed_l3_blocks > a->quota_l3_blocks) {
+            set_err(err, err_len, "tenant.%s: guaranteed_l3_blocks %llu exceeds its "
+                    "quota_l3_blocks %llu", a->name, (unsigned long long)a->guaranteed_l3_blocks,
+                    (unsigned long long)a->quota_l3_blocks);
             return TKV_EINVAL;
         }
         if (!a->num_uids && !a->num_gids && !a->num_subjects && !a->num_tokens) {
@@ -242,6 +254,41 @@ int tkvd_tenants_finish(const tkvd_tenants *t, char *err, size_t err_len)
                                 a->name, b->name);
                         return TKV_EINVAL;
                     }
+        }
+    }
+    return TKV_OK;
+}
+
+int tkvd_tenants_l2_regions(const tkvd_tenants *t, uint64_t l2_blocks, uint64_t *regions,
+                            char *err, size_t err_len)
+{
+    uint64_t fixed = 0;
+    size_t num_rest = 0;
+    for (size_t i = 0; i < t->n; i++) {
+        fixed += t->v[i]->quota_l2_blocks;
+        num_rest += t->v[i]->quota_l2_blocks == 0;
+    }
+    if (fixed > l2_blocks) {
+        set_err(err, err_len, "the tenants' quota_l2_blocks add up to %llu blocks, more than L2 "
+                "holds (%llu): each tenant's quota is an L2 region of its own",
+                (unsigned long long)fixed, (unsigned long long)l2_blocks);
+        return TKV_EINVAL;
+    }
+    uint64_t share = num_rest ? (l2_blocks - fixed) / num_rest : 0;
+    for (size_t i = 0; i < t->n; i++) {
+        const tkvd_tenant *a = t->v[i];
+        regions[i] = a->quota_l2_blocks ? a->quota_l2_blocks : share;
+        if (regions[i] == 0) {
+            set_err(err, err_len, "tenant.%s: no L2 left for its region (L2 %llu blocks, the "
+                    "quotas take %llu): raise l2_bytes or give it a quota_l2_blocks", a->name,
+                    (unsigned long long)l2_blocks, (unsigned long long)fixed);
+            return TKV_EINVAL;
+        }
+        if (a->guaranteed_l2_blocks > regions[i]) {
+            set_err(err, err_len, "tenant.%s: guaranteed_l2_blocks %llu exceeds its L2 region "
+                    "(%llu blocks)", a->name, (unsigned long long)a->guaranteed_l2_blocks,
+                    (unsigned long long)regions[i]);
+            return TKV_EINVAL;
         }
     }
     return TKV_OK;
@@ -312,6 +359,12 @@ void tkvd_tenants_print(const tkvd_tenants *t, FILE *f)
         if (a->guaranteed_l2_blocks)
             fprintf(f, "tenant.%s.guaranteed_l2_blocks = %llu\n", a->name,
                     (unsigned long long)a->guaranteed_l2_blocks);
+        if (a->quota_l3_blocks)
+            fprintf(f, "tenant.%s.quota_l3_blocks = %llu\n", a->name,
+                    (unsigned long long)a->quota_l3_blocks);
+        if (a->guaranteed_l3_blocks)
+            fprintf(f, "tenant.%s.guaranteed_l3_blocks = %llu\n", a->name,
+                    (unsigned long long)a->guaranteed_l3_blocks);
         for (size_t j = 0; j < a->num_tokens; j++) {
             fprintf(f, "tenant.%s.token_sha256 = ", a->name);
             for (int k = 0; k < TKVD_TOKEN_HASH_BYTES; k++)

@@ -1,5 +1,6 @@
-/* tkvd_attach.h - the attach socket (proto/tkv_attach.h): hands the L2 pool's memfd to local
- * clients and ties their leases to the connection.
+/* tkvd_attach.h - the attach socket (proto/tkv_attach.h): hands the L2 pool's memfd (with
+ * tenants, the caller's tenant's region of it) to local clients and ties their leases to the
+ * connection.
  *
  * One thread polls the listening SOCK_SEQPACKET socket and every connection. A connection
  * must send a valid hello (magic, version, the daemon's fingerprint) within 5 s; it then gets
@@ -28,9 +29,11 @@ int tkvd_attach_start(const char *path, tkv_store *store, const uint8_t fingerpr
  * (TKV_ATTACH_HELLO_WRITABLE); others always get a read-only descriptor. Default off. */
 void tkvd_attach_allow_writable(tkvd_attach *a, bool on);
 /* With tenants configured (t->n > 0; t must outlive the attach), a peer is admitted only as
- * the tenant its SO_PEERCRED uid/gid names, and only a tenant marked map_pool (a trusted
- * engine: the pools hold every tenant's blocks); its client_id carries the tenant's tag
- * (tkvd_tenant_tag), so leases made under it are that tenant's. Call right after start. */
+ * the tenant its SO_PEERCRED uid/gid names; it gets the memfd of that tenant's own L2 region
+ * (tkv_store_l2_region: no other tenant's block lies in it), and the L1 pool (one allocation
+ * holding every tenant's L1 blocks) only when the tenant is marked map_pool (a trusted
+ * engine). Its client_id carries the tenant's tag (tkvd_tenant_tag), so leases made under it
+ * are that tenant's. Call right after start. */
 void tkvd_attach_set_tenants(tkvd_attach *a, const tkvd_tenants *t);
 /* Makes every later handshake offer the GPU pool: the reply gets TKV_ATTACH_F_L1 and is
  * followed by *gpu (copied). Call before clients attach (right after start). */

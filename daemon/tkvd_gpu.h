@@ -22,11 +22,14 @@ typedef struct tkvd_gpu tkvd_gpu;
  * chunks). Errors: TKV_EUNSUPPORTED (no CUDA or no device), TKV_ENOMEM (HBM short),
  * TKV_EINVAL. Logs why. */
 int tkvd_gpu_open(int ordinal, uint64_t num_blocks, size_t block_bytes, tkvd_gpu **out);
-/* Pins the L2 pool [l2_base, l2_base + l2_bytes) for DMA (in chunks of whole slots of
- * slot_stride bytes, since one copy may not span two registrations) and measures the
+/* Pins the L2 pool [l2_base, l2_base + l2_bytes) for DMA: its num_regions regions of
+ * region_bytes[r] each (0 allowed; they add up to l2_bytes), back to back, one memfd mapping
+ * each, are registered one by one, each in chunks of whole slots of slot_stride bytes (one
+ * copy may not span two registrations; a slot never spans two regions). Measures the
  * host-to-device rate. Must precede the first copy: the store is opened with the L1 ops
  * before its L2 pool exists, and no copy runs before the daemon serves. */
-int tkvd_gpu_pin_l2(tkvd_gpu *g, void *l2_base, uint64_t l2_bytes, size_t slot_stride);
+int tkvd_gpu_pin_l2(tkvd_gpu *g, void *l2_base, uint64_t l2_bytes, const uint64_t *region_bytes,
+                    unsigned num_regions, size_t slot_stride);
 /* Unpins L2 and frees L1; every copy must have returned. NULL is ignored. */
 void tkvd_gpu_close(tkvd_gpu *g);
 

@@ -31,7 +31,8 @@ typedef struct tkvd_metrics {
     /* per tenant, slot = tenant index + 1 (slot 0: callers that are no tenant) */
     _Atomic uint64_t tenant_rpcs[TKVD_TENANT_MAX + 1];
     _Atomic uint64_t tenant_denied[TKVD_TENANT_MAX + 1];
-    _Atomic uint64_t deny_log_ms, deny_log_held; /* the refusal log line's rate limit */
+    /* the refusal log line's rate limit, per tenant slot: last line (ms), refusals held back */
+    _Atomic uint64_t deny_log_ms[TKVD_TENANT_MAX + 1], deny_log_held[TKVD_TENANT_MAX + 1];
 } tkvd_metrics;
 
 void tkvd_metrics_init(tkvd_metrics *m);

@@ -35,10 +35,13 @@ typedef struct tkvd_tenant {
     uint8_t tokens[TKVD_TENANT_IDS_MAX][TKVD_TOKEN_HASH_BYTES]; /* SHA-256 of bearer tokens */
     size_t num_tokens;
     bool admin;         /* may list, flush, verify and evict every tenant's blocks */
-    bool map_pool;      /* a trusted engine: may attach and map the shared pools (which hold
-                         * every tenant's blocks); others use put/get by value */
-    uint64_t quota_l2_blocks;       /* the most L2 blocks it may hold (0 = no limit) */
-    uint64_t guaranteed_l2_blocks;  /* L2 blocks no other tenant's load evicts (0 = none) */
+    bool map_pool;      /* a trusted engine: may map the L1 pool, one CUDA allocation holding
+                         * every tenant's L1 blocks (each tenant maps only its own L2 region) */
+    uint64_t quota_l2_blocks;       /* the size of its own L2 region (0 = an equal share of
+                                     * what the quotas leave) */
+    uint64_t guaranteed_l2_blocks;  /* accepted up to the region: the region is all its own */
+    uint64_t quota_l3_blocks;       /* the most L3 blocks it may hold (0 = no limit) */
+    uint64_t guaranteed_l3_blocks;  /* L3 blocks no other tenant's load evicts (0 = none) */
 } tkvd_tenant;
 
 /* The tenant id of its blocks in the store (tkv_store_put_as): index + 1, 0 = no tenant. */
@@ -88,6 +91,12 @@ int tkvd_tenants_set(tkvd_tenants *t, const char *name, const char *field, const
  * belongs to two tenants (gids may overlap: a uid match wins, then the first tenant by
  * gid). TKV_OK or TKV_EINVAL. */
 int tkvd_tenants_finish(const tkvd_tenants *t, char *err, size_t err_len);
+
+/* Each tenant's own L2 region in blocks (regions[i] for tenant v[i]): its quota_l2_blocks,
+ * else an equal share of what the quotas leave of l2_blocks. TKV_EINVAL (said in err) when
+ * the quotas exceed L2, a share is 0, or a guarantee exceeds its region. */
+int tkvd_tenants_l2_regions(const tkvd_tenants *t, uint64_t l2_blocks, uint64_t *regions,
+                            char *err, size_t err_len);
 
 /* True when tenants are configured (namespaces are then derived, never taken from requests). */
 static inline bool tkvd_tenants_enabled(const tkvd_tenants *t)

@@ -42,6 +42,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -68,7 +69,10 @@ struct tkv_store_opts {
     const tkv_l1_ops *l1_ops;
     void *l1_ctx;
     tkv_l4 *l4;
-    uint64_t tq_max[TKV_STORE_TENANTS_MAX], tq_guar[TKV_STORE_TENANTS_MAX]; /* L2 */
+    uint64_t tq_max[TKV_NUM_TIERS][TKV_STORE_TENANTS_MAX];  /* L2 and L3 */
+    uint64_t tq_guar[TKV_NUM_TIERS][TKV_STORE_TENANTS_MAX];
+    uint64_t l2_region[TKV_STORE_TENANTS_MAX];   /* own L2 region of the tenant (0 = none) */
+    char *tenant_name[TKV_STORE_TENANTS_MAX];    /* for the refusal log line */
 };
 
 #define MAX_BLOCK_BYTES (1ull << 30)
@@ -95,6 +99,8 @@ tkv_store_opts *tkv_store_opts_new(void)
 
 void tkv_store_opts_free(tkv_store_opts *o)
 {
+    for (unsigned i = 0; o && i < TKV_STORE_TENANTS_MAX; i++)
+        free(o->tenant_name[i]);
     if (!o)
         return;
     free(o->l3_dir);
@@ -206,12 +212,29 @@ int tkv_store_opts_set_tenant_quota(tkv_store_opts *o, unsigned tenant, int tier
 {
     if (!o || tenant >= TKV_STORE_TENANTS_MAX || tier < TKV_TIER_L1 || tier >= TKV_NUM_TIERS)
         return TKV_EINVAL;
-    if (tier != TKV_TIER_L2)
+    if (tier != TKV_TIER_L2 && tier != TKV_TIER_L3)
         return TKV_EUNSUPPORTED;
     if (max_blocks && guaranteed_blocks > max_blocks)
         return TKV_EINVAL;
-    o->tq_max[tenant] = max_blocks;
-    o->tq_guar[tenant] = guaranteed_blocks;
+    o->tq_max[tier][tenant] = max_blocks;
+    o->tq_guar[tier][tenant] = guaranteed_blocks;
+    return TKV_OK;
+}
+
+int tkv_store_opts_set_l2_region(tkv_store_opts *o, unsigned tenant, uint64_t num_blocks)
+{
+    if (!o || tenant == 0 || tenant >= TKV_STORE_TENANTS_MAX || num_blocks > TKV_POOL_MAX_SLOTS)
+        return TKV_EINVAL;
+    o->l2_region[tenant] = num_blocks;
+    return TKV_OK;
+}
+
+int tkv_store_opts_set_tenant_name(tkv_store_opts *o, unsigned tenant, const char *name)
+{
+    if (!o || tenant >= TKV_STORE_TENANTS_MAX || !name)
+        return TKV_EINVAL;
+    free(o->tenant_name[tenant]);
+    o->tenant_name[tenant] = tkv_xstrdup(name);
     return TKV_OK;
 }
 
@@ -285,6 +308,14 @@ struct tkv_store {
     uint32_t ttl_default_ms, ttl_max_ms;
 
     tkv_pool *pool;
+    /* L2 regions (tkv_pool.h): tenant -> region, and one policy instance per region sized to
+     * it, so a region's victims are its own blocks. Region 0 is tenant 0's and every tenant's
+     * without a region of its own. tiers[L2].pstate is region 0's. */
+    unsigned num_regions;
+    uint8_t region_of[TKV_STORE_TENANTS_MAX];
+    void *l2_ps[TKV_POOL_MAX_REGIONS];
+    uint64_t wb_in_region[TKV_POOL_MAX_REGIONS]; /* its blocks queued for or in write-back:
+                                                  * what a full region may wait for */
     /* L1: slot accounting here, bytes behind the backend. Free slots are a stack. */
     const tkv_l1_ops *l1_ops;
     void *l1_ctx;
@@ -326,13 +357,62 @@ struct tkv_store {
      * victims are checked against them (otherwise the policy's victim is taken as is). */
     struct tenant_acct {
         uint64_t blocks[TKV_NUM_TIERS];
-        uint64_t max_l2, guar_l2;
+        uint64_t max[TKV_NUM_TIERS], guar[TKV_NUM_TIERS];
         uint64_t reserved_l2;   /* L2 slots taken for the tenant's blocks, not yet entered:
-                                 * they count against its quota (puts copying, allocations) */
+                                 * they count against its quota (puts copying, allocations,
+                                 * promotions reading) */
+        uint64_t reserved_l3;   /* its blocks in write-back that counted against L3 room */
         uint64_t refused, own_evictions, guarded_skips;
+        uint64_t log_ns, log_held;  /* the refusal log line: last time, refusals held back */
+        char *name;
     } tn[TKV_STORE_TENANTS_MAX];
-    bool tenant_limits;
+    bool tenant_limits[TKV_NUM_TIERS];
 };
+
+/* mu held: the policy instance of tier t that holds (or would hold) blocks of tenant tn. */
+static void *pstate_of(const tkv_store *s, int t, unsigned tn)
+{
+    return t == TKV_TIER_L2 ? s->l2_ps[s->region_of[tn]] : s->tiers[t].pstate;
+}
+
+/* mu held: counts n refused blocks of tenant tn (tier t) and decides the refusal log line: at
+ * most one a second per tenant, saying how many were held back. Tenant 0 (no tenants) is not
+ * logged. Returns true when the caller is to log (after dropping the locks); *held gets the
+ * refusals since the previous line. */
+typedef struct refusal_line {
+    uint64_t held, holds;  /* refusals held back since the last line; blocks held in the tier */
+} refusal_line;
+
+static bool refusal_note(tkv_store *s, unsigned tn, int t, uint64_t n, refusal_line *out)
+{
+    struct tenant_acct *a = &s->tn[tn];
+    a->refused += n;
+    if (tn == 0 || n == 0)
+        return false;
+    uint64_t now = tkv_now_ns();
+    if (a->log_ns && now - a->log_ns < 1000000000ull) {
+        a->log_held += n;
+        return false;
+    }
+    a->log_ns = now;
+    out->held = a->log_held;
+    out->holds = a->blocks[t];
+    a->log_held = 0;
+    return true;
+}
+
+/* No locks held: the line refusal_note allowed (name and limits do not change after open). */
+static void refusal_log(const tkv_store *s, unsigned tn, int t, uint64_t n,
+                        const refusal_line *l, const char *why)
+{
+    const struct tenant_acct *a = &s->tn[tn];
+    char id[16];
+    snprintf(id, sizeof(id), "#%u", tn);
+    TKV_LOG(TKV_LOG_WARN, "tenant %s: %llu L%d blocks refused (%s; holds %llu, quota %llu) "
+            "(%llu more refused since the last line)", a->name ? a->name : id,
+            (unsigned long long)n, t, why, (unsigned long long)l->holds,
+            (unsigned long long)a->max[t], (unsigned long long)l->held);
+}
 
 static void rd_lock(tkv_store *s) { pthread_rwlock_rdlock(&s->idx_lock); }
 static void wr_lock(tkv_store *s) { pthread_rwlock_wrlock(&s->idx_lock); }
@@ -380,7 +460,7 @@ static bool cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t de
 
 static void pe_changed(tkv_store *s, tkv_entry *e, int t)
 {
-    s->tiers[t].ops->changed(s->tiers[t].pstate, &e->pe[t]);
+    s->tiers[t].ops->changed(pstate_of(s, t, e->tenant), &e->pe[t]);
 }
 
 /* Pins change the policies' candidate sets only when they cross zero. */
@@ -434,7 +514,7 @@ static void tier_enter(tkv_store *s, tkv_entry *e, int t, uint64_t now_ns)
     e->resident |= RES(t);
     T->num_blocks++;
     s->tn[e->tenant].blocks[t]++;
-    T->ops->inserted(T->pstate, pe, now_ns);
+    T->ops->inserted(pstate_of(s, t, e->tenant), pe, now_ns);
     for (tkv_entry *c = e->first_child; c; c = c->next_sibling) {
         if (c->resident & RES(t)) {
             c->pe[t].parent = pe;
@@ -449,7 +529,7 @@ static void tier_leave(tkv_store *s, tkv_entry *e, int t)
     tier *T = &s->tiers[t];
     tkv_policy_entry *pe = &e->pe[t];
     TKV_ASSERT(e->resident & RES(t));
-    T->ops->removed(T->pstate, pe);
+    T->ops->removed(pstate_of(s, t, e->tenant), pe);
     if (pe->parent) {
         tkv_entry *p = entry_of_pe(pe->parent, t);
         TKV_ASSERT(p->pe[t].num_children > 0);
@@ -502,6 +582,7 @@ static void wb_queue(tkv_store *s, tkv_entry *e)
         !(e->resident & RES(TKV_TIER_L2)) || !e->tokens)
         return;
     e->flags |= F_WB;
+    s->wb_in_region[s->region_of[e->tenant]]++;
     entry_pin(s, e);
     e->q_next = NULL;
     if (s->wb_tail)
@@ -559,31 +640,33 @@ static int l1_reserve(tkv_store *s, size_t want, uint64_t *slots, size_t *got)
 
 enum { RESERVE_WAIT = 1 };
 
-/* mu held: may room for tenant tn be made by evicting e from L2? Not when e belongs to
- * another tenant that holds no more than its guaranteed share. */
-static bool l2_may_evict_for(tkv_store *s, const tkv_entry *e, unsigned tn)
+/* mu held: may room in tier t for tenant tn be made by evicting e? Not when e belongs to
+ * another tenant that holds no more than its guaranteed share there. */
+static bool may_evict_for(tkv_store *s, const tkv_entry *e, unsigned tn, int t)
 {
     const struct tenant_acct *a = &s->tn[e->tenant];
-    return e->tenant == tn || !a->guar_l2 || a->blocks[TKV_TIER_L2] > a->guar_l2;
+    return e->tenant == tn || !a->guar[t] || a->blocks[t] > a->guar[t];
 }
 
-/* mu held: the next L2 victim for tenant tn: the policy's, or with tenant limits the first in
- * its order that is tn's own (own_only) or that l2_may_evict_for allows. Blocks passed over
- * are pinned for the walk, so the policy offers the next one, and unpinned after it (at most
- * TKV_TENANT_SKIP_MAX of them: O(1) per slot). tails_only as in l2_reserve. NULL if none. */
-static tkv_entry *l2_victim(tkv_store *s, unsigned tn, bool own_only, bool tails_only)
+/* mu held: the next victim in tier t (L2: tn's region) for tenant tn: the policy's, or with
+ * tenant limits the first in its order that is tn's own (own_only) or that may_evict_for
+ * allows. Blocks passed over are pinned for the walk, so the policy offers the next one, and
+ * unpinned after it (at most TKV_TENANT_SKIP_MAX of them: O(1) per slot). tails_only as in
+ * l2_reserve. NULL if none. */
+static tkv_entry *tier_victim(tkv_store *s, int t, unsigned tn, bool own_only, bool tails_only)
 {
-    tier *T = &s->tiers[TKV_TIER_L2];
+    tier *T = &s->tiers[t];
+    void *ps = pstate_of(s, t, tn);
     tkv_entry *skipped[TKV_TENANT_SKIP_MAX], *found = NULL;
     size_t ns = 0;
     for (;;) {
-        tkv_policy_entry *v = T->ops->victim(T->pstate);
+        tkv_policy_entry *v = T->ops->victim(ps);
         if (!v || (tails_only && v->num_children))
             break;
-        tkv_entry *e = entry_of_pe(v, TKV_TIER_L2);
-        if (!s->tenant_limits)
+        tkv_entry *e = entry_of_pe(v, t);
+        if (!s->tenant_limits[t])
             return e;
-        if (own_only ? e->tenant == tn : l2_may_evict_for(s, e, tn)) {
+        if (own_only ? e->tenant == tn : may_evict_for(s, e, tn, t)) {
             found = e;
             break;
         }
@@ -611,24 +694,25 @@ static int l2_reserve(tkv_store *s, unsigned tn, size_t held, size_t want, bool 
                       uint64_t *slots, size_t *got)
 {
     struct tenant_acct *ta = &s->tn[tn];
+    unsigned region = s->region_of[tn];
     uint64_t draining = 0; /* own blocks this call queued to leave once durable */
     *got = 0;
     for (;;) {
         size_t take = want - *got;
         bool at_quota = false;
-        if (ta->max_l2) {
+        if (ta->max[TKV_TIER_L2]) {
             uint64_t mine = ta->blocks[TKV_TIER_L2] + ta->reserved_l2 + held + *got;
-            uint64_t room = mine < ta->max_l2 ? ta->max_l2 - mine : 0;
+            uint64_t room = mine < ta->max[TKV_TIER_L2] ? ta->max[TKV_TIER_L2] - mine : 0;
             if (room < take) {
                 take = (size_t)room;
                 at_quota = true;
             }
         }
-        uint64_t nfree = tkv_pool_num_free(s->pool);
+        uint64_t nfree = tkv_pool_num_free_in(s->pool, region);
         if (take > nfree)
             take = (size_t)nfree;
         if (take) {
-            int rc = tkv_pool_alloc(s->pool, take, slots + *got);
+            int rc = tkv_pool_alloc_in(s->pool, region, take, slots + *got);
             TKV_ASSERT(rc == TKV_OK);
             *got += take;
         }
@@ -638,11 +722,11 @@ static int l2_reserve(tkv_store *s, unsigned tn, size_t held, size_t want, bool 
          * quota is not exceeded meanwhile, even for a moment). */
         if (at_quota && draining >= want - *got)
             return RESERVE_WAIT;
-        tkv_entry *e = l2_victim(s, tn, at_quota, tails_only);
+        tkv_entry *e = tier_victim(s, TKV_TIER_L2, tn, at_quota, tails_only);
         if (!e)
             break;
         TKV_ASSERT(e->pins == 0 && (e->resident & RES(TKV_TIER_L2)));
-        if (e->tenant == tn && ta->max_l2)
+        if (e->tenant == tn && (ta->max[TKV_TIER_L2] || region))
             ta->own_evictions++;
         if ((e->resident & RES(TKV_TIER_L3)) || !l3_writable(s) || !e->tokens) {
             tier_leave(s, e, TKV_TIER_L2);
@@ -655,7 +739,9 @@ static int l2_reserve(tkv_store *s, unsigned tn, size_t held, size_t want, bool 
             wb_queue(s, e); /* pins it: victim() will not offer it again */
         }
     }
-    return s->wb_len + s->wb_inflight > 0 ? RESERVE_WAIT : TKV_EFULL;
+    /* Only write-backs of this region's blocks can free (or make evictable) its slots; with
+     * one region that is every write-back. */
+    return s->wb_in_region[region] > 0 ? RESERVE_WAIT : TKV_EFULL;
 }
 
 static bool wb_run_batch(tkv_store *s, bool worker);
@@ -858,7 +944,29 @@ int tkv_store_open(const tkv_store_opts *o, tkv_store **out)
     s->next_ticket = 1;
     s->ix = tkv_index_new(o->l2_blocks);
 
-    rc = tkv_pool_create("tierkv-l2", o->block_bytes, o->l2_blocks, &s->pool);
+    /* Region 0 (tenant 0 and every tenant without a region of its own) gets what the
+     * tenants' own regions leave of l2_blocks; then one region per such tenant. */
+    uint64_t region_slots[TKV_POOL_MAX_REGIONS], own = 0;
+    s->num_regions = 1;
+    for (unsigned i = 1; i < TKV_STORE_TENANTS_MAX; i++) {
+        if (!o->l2_region[i])
+            continue;
+        if (s->num_regions == TKV_POOL_MAX_REGIONS) {
+            TKV_LOG(TKV_LOG_ERROR, "more than %d L2 regions", TKV_POOL_MAX_REGIONS);
+            goto fail;
+        }
+        own += o->l2_region[i];
+        s->region_of[i] = (uint8_t)s->num_regions;
+        region_slots[s->num_regions++] = o->l2_region[i];
+    }
+    if (own > o->l2_blocks) {
+        TKV_LOG(TKV_LOG_ERROR, "the tenants' L2 regions (%llu blocks) exceed L2 (%llu blocks)",
+                (unsigned long long)own, (unsigned long long)o->l2_blocks);
+        goto fail;
+    }
+    region_slots[0] = o->l2_blocks - own;
+    rc = tkv_pool_create_regions("tierkv-l2", o->block_bytes, region_slots, s->num_regions,
+                                 &s->pool);
     if (rc != TKV_OK)
         goto fail;
 
@@ -876,10 +984,14 @@ int tkv_store_open(const tkv_store_opts *o, tkv_store **out)
     s->tiers[TKV_TIER_L2].enabled = true;
     s->tiers[TKV_TIER_L2].capacity_blocks = o->l2_blocks;
     for (unsigned i = 0; i < TKV_STORE_TENANTS_MAX; i++) {
-        s->tn[i].max_l2 = o->tq_max[i];
-        s->tn[i].guar_l2 = o->tq_guar[i];
-        if (o->tq_max[i] || o->tq_guar[i])
-            s->tenant_limits = true;
+        for (int t = TKV_TIER_L2; t <= TKV_TIER_L3; t++) {
+            s->tn[i].max[t] = o->tq_max[t][i];
+            s->tn[i].guar[t] = o->tq_guar[t][i];
+            if (o->tq_max[t][i] || o->tq_guar[t][i])
+                s->tenant_limits[t] = true;
+        }
+        if (o->tenant_name[i])
+            s->tn[i].name = tkv_xstrdup(o->tenant_name[i]);
     }
     s->tiers[TKV_TIER_L3].enabled = o->l3_dir != NULL;
     /* L3 capacity in blocks of raw size (what the manager counts); 0 bytes = unlimited. */
@@ -890,11 +1002,19 @@ int tkv_store_open(const tkv_store_opts *o, tkv_store **out)
     for (int t = TKV_TIER_L1; t < TKV_NUM_TIERS; t++) {
         tier *T = &s->tiers[t];
         T->ops = ops;
-        T->pstate = ops->create(T->capacity_blocks ? T->capacity_blocks : 1);
-        if (!T->pstate) {
-            TKV_LOG(TKV_LOG_ERROR, "policy %s refused tier %d", ops->name, t);
-            rc = TKV_EINVAL;
-            goto fail;
+        for (unsigned r = 0; r < (t == TKV_TIER_L2 ? s->num_regions : 1); r++) {
+            uint64_t cap = t == TKV_TIER_L2 && s->num_regions > 1 ? region_slots[r]
+                                                                  : T->capacity_blocks;
+            void *ps = ops->create(cap ? cap : 1);
+            if (!ps) {
+                TKV_LOG(TKV_LOG_ERROR, "policy %s refused tier %d", ops->name, t);
+                rc = TKV_EINVAL;
+                goto fail;
+            }
+            if (t == TKV_TIER_L2)
+                s->l2_ps[r] = ps;
+            if (r == 0)
+                T->pstate = ps;
         }
     }
 
@@ -971,8 +1091,13 @@ void tkv_store_close(tkv_store *s)
     tkv_lease_table_free(s->leases);
     tkv_index_free(s->ix);
     for (int t = TKV_TIER_L1; t < TKV_NUM_TIERS; t++)
-        if (s->tiers[t].pstate)
+        if (s->tiers[t].pstate && t != TKV_TIER_L2)
             s->tiers[t].ops->destroy(s->tiers[t].pstate);
+    for (unsigned r = 0; r < TKV_POOL_MAX_REGIONS; r++)
+        if (s->l2_ps[r])
+            s->tiers[TKV_TIER_L2].ops->destroy(s->l2_ps[r]);
+    for (unsigned i = 0; i < TKV_STORE_TENANTS_MAX; i++)
+        free(s->tn[i].name);
     tkv_pool_destroy(s->pool);
     free(s->l1_free);
     tkv_l3_close(s->l3);
@@ -989,6 +1114,36 @@ void tkv_store_close(tkv_store *s)
  * ========================================================================================== */
 
 int tkv_store_l2_fd(const tkv_store *s) { return s ? tkv_pool_fd(s->pool) : -1; }
+
+int tkv_store_l2_region(const tkv_store *s, unsigned tenant, uint64_t *offset, uint64_t *bytes,
+                        int *fd, int *fd_readonly)
+{
+    if (!s || tenant >= TKV_STORE_TENANTS_MAX)
+        return TKV_EINVAL;
+    unsigned r = s->region_of[tenant];
+    size_t stride = tkv_pool_slot_stride(s->pool);
+    if (offset)
+        *offset = tkv_pool_region_first(s->pool, r) * stride;
+    if (bytes)
+        *bytes = tkv_pool_region_slots(s->pool, r) * stride;
+    if (fd)
+        *fd = tkv_pool_region_fd(s->pool, r);
+    if (fd_readonly)
+        *fd_readonly = tkv_pool_region_fd_readonly(s->pool, r);
+    return TKV_OK;
+}
+
+unsigned tkv_store_l2_num_regions(const tkv_store *s) { return s ? s->num_regions : 0; }
+
+int tkv_store_l2_region_at(const tkv_store *s, unsigned r, uint64_t *offset, uint64_t *bytes)
+{
+    if (!s || r >= s->num_regions)
+        return TKV_EINVAL;
+    size_t stride = tkv_pool_slot_stride(s->pool);
+    *offset = tkv_pool_region_first(s->pool, r) * stride;
+    *bytes = tkv_pool_region_slots(s->pool, r) * stride;
+    return TKV_OK;
+}
 int tkv_store_l2_fd_readonly(const tkv_store *s) { return s ? tkv_pool_fd_readonly(s->pool) : -1; }
 uint64_t tkv_store_l2_bytes(const tkv_store *s) { return s ? tkv_pool_bytes(s->pool) : 0; }
 size_t tkv_store_block_bytes(const tkv_store *s) { return s ? s->block_bytes : 0; }
@@ -1044,9 +1199,34 @@ static tkv_lease *lease_live(tkv_store *s, uint64_t id, int *rc)
     return NULL;
 }
 
-static void l4_fill(tkv_store *s, const tkv_key *keys, size_t num_keys);
+static void l4_fill(tkv_store *s, unsigned tn, const tkv_key *keys, size_t num_keys);
 
-static int lookup_local(tkv_store *s, const tkv_key *keys, size_t num_keys, uint64_t owner,
+/* mu held: may tenant tn's lookup see e? Tenant 0 sees everything (the store without tenants);
+ * a tenant sees its own blocks and those of no tenant (loaded from L3 at open), never
+ * another's, so even a key shared by mistake reveals nothing. */
+static bool visible_to(const tkv_entry *e, unsigned tn)
+{
+    return tn == 0 || e->tenant == tn || e->tenant == 0;
+}
+
+/* mu held: a block of no tenant (loaded from L3 at open: the L3 record keeps no tenant) that
+ * tenant tn looked up becomes tn's: only tn's chain reaches its key. Not while it sits in
+ * another region's L2 or is in flight (its counts there are the old tenant's). */
+static void entry_adopt(tkv_store *s, tkv_entry *e, unsigned tn)
+{
+    if (tn == 0 || e->tenant != 0 || (e->flags & (F_WB | F_PROMOTING)) ||
+        ((e->resident & RES(TKV_TIER_L2)) && s->region_of[0] != s->region_of[tn]))
+        return;
+    for (int t = TKV_TIER_L1; t < TKV_NUM_TIERS; t++)
+        if (e->resident & RES(t)) {
+            s->tn[0].blocks[t]--;
+            s->tn[tn].blocks[t]++;
+        }
+    e->tenant = (uint8_t)tn;
+}
+
+static int lookup_local(tkv_store *s, unsigned tn, const tkv_key *keys, size_t num_keys,
+                        uint64_t owner,
                         uint32_t ttl_ms, uint64_t *lease_id, size_t *num_hit,
                         tkv_block_loc *locs)
 {
@@ -1067,7 +1247,8 @@ static int lookup_local(tkv_store *s, const tkv_key *keys, size_t num_keys, uint
         goto out;
     }
     size_t hit = 0;
-    while (hit < m && ents[hit]->state == TKV_BLOCK_READY && ents[hit]->resident)
+    while (hit < m && ents[hit]->state == TKV_BLOCK_READY && ents[hit]->resident &&
+           visible_to(ents[hit], tn))
         hit++;
     s->st.lookups++;
     s->st.lookup_keys += num_keys;
@@ -1075,12 +1256,13 @@ static int lookup_local(tkv_store *s, const tkv_key *keys, size_t num_keys, uint
     s->st.miss_blocks += num_keys - hit;
     for (size_t i = 0; i < hit; i++) {
         tkv_entry *e = ents[i];
+        entry_adopt(s, e, tn);
         entry_pin(s, e);
         e->hits++;
         e->last_access_ms = wall;
         for (int t = TKV_TIER_L1; t < TKV_NUM_TIERS; t++)
             if (e->resident & RES(t))
-                s->tiers[t].ops->accessed(s->tiers[t].pstate, &e->pe[t], now);
+                s->tiers[t].ops->accessed(pstate_of(s, t, e->tenant), &e->pe[t], now);
         if (locs) {
             locs[i] = entry_loc(s, e);
             s->st.hit_blocks_tier[locs[i].tier]++;
@@ -1105,7 +1287,7 @@ out:
  * shared tier and stores it through the put path (admission, write-through to L3): the
  * promotion L4 -> L2 happens here, not at prefetch, because a lease can pin only what a
  * local tier holds; Redis may drop a value at any time. At most a quarter of L2 per lookup. */
-static void l4_fill(tkv_store *s, const tkv_key *keys, size_t num_keys)
+static void l4_fill(tkv_store *s, unsigned tn, const tkv_key *keys, size_t num_keys)
 {
     tkv_entry *stack_ents[256];
     tkv_entry **ents = num_keys <= 256 ? stack_ents : tkv_xmalloc(num_keys * sizeof(*ents));
@@ -1113,7 +1295,8 @@ static void l4_fill(tkv_store *s, const tkv_key *keys, size_t num_keys)
     size_t m = tkv_index_prefix(s->ix, keys, num_keys, ents);
     lock(s);
     size_t hit = 0;
-    while (hit < m && ents[hit]->state == TKV_BLOCK_READY && ents[hit]->resident)
+    while (hit < m && ents[hit]->state == TKV_BLOCK_READY && ents[hit]->resident &&
+           visible_to(ents[hit], tn))
         hit++;
     bool closing = s->closing;
     unlock(s);
@@ -1123,7 +1306,7 @@ static void l4_fill(tkv_store *s, const tkv_key *keys, size_t num_keys)
     if (closing || hit == num_keys)
         return;
     size_t want = num_keys - hit;
-    uint64_t cap = s->tiers[TKV_TIER_L2].capacity_blocks / 4;
+    uint64_t cap = tkv_pool_region_slots(s->pool, s->region_of[tn]) / 4;
     if (want > cap)
         want = cap ? (size_t)cap : 1;
     tkv_l4_block *b = tkv_xcalloc(want, sizeof(*b));
@@ -1136,8 +1319,9 @@ static void l4_fill(tkv_store *s, const tkv_key *keys, size_t num_keys)
             pays[i] = b[i].payload;
             memcpy(toks + i * s->block_tokens, b[i].tokens, s->block_tokens * sizeof(uint32_t));
         }
-        tkv_store_put(s, hit ? &keys[hit - 1] : NULL, keys + hit, toks,
-                      (const void *const *)pays, found, NULL);
+        /* Through the tenant's put: its region, its quota, its blocks. */
+        tkv_store_put_as(s, tn, hit ? &keys[hit - 1] : NULL, keys + hit, toks,
+                         (const void *const *)pays, found, NULL);
         free(pays);
         free(toks);
     }
@@ -1148,9 +1332,18 @@ static void l4_fill(tkv_store *s, const tkv_key *keys, size_t num_keys)
 int tkv_store_lookup(tkv_store *s, const tkv_key *keys, size_t num_keys, uint64_t owner,
                      uint32_t ttl_ms, uint64_t *lease_id, size_t *num_hit, tkv_block_loc *locs)
 {
+    return tkv_store_lookup_as(s, 0, keys, num_keys, owner, ttl_ms, lease_id, num_hit, locs);
+}
+
+int tkv_store_lookup_as(tkv_store *s, unsigned tenant, const tkv_key *keys, size_t num_keys,
+                        uint64_t owner, uint32_t ttl_ms, uint64_t *lease_id, size_t *num_hit,
+                        tkv_block_loc *locs)
+{
+    if (tenant >= TKV_STORE_TENANTS_MAX)
+        return TKV_EINVAL;
     if (s && s->l4 && keys && num_keys && num_keys <= MAX_KEYS_PER_CALL)
-        l4_fill(s, keys, num_keys);
-    return lookup_local(s, keys, num_keys, owner, ttl_ms, lease_id, num_hit, locs);
+        l4_fill(s, tenant, keys, num_keys);
+    return lookup_local(s, tenant, keys, num_keys, owner, ttl_ms, lease_id, num_hit, locs);
 }
 
 int tkv_store_lease_locs(tkv_store *s, uint64_t lease_id, tkv_block_loc *locs, size_t cap,
@@ -1327,7 +1520,7 @@ static bool l2_admit(tkv_store *s, tkv_entry *e, tkv_entry *pe, uint64_t now, bo
     probe.depth = e->depth;
     probe.key_fp = tkv_key_fp(&e->key);
     probe.parent = pe && (pe->resident & RES(TKV_TIER_L2)) ? &pe->pe[TKV_TIER_L2] : NULL;
-    if (T2->ops->admit(T2->pstate, &probe, now))
+    if (T2->ops->admit(pstate_of(s, TKV_TIER_L2, e->tenant), &probe, now))
         return true;
     if (!l3_writable(s) || !l2_copy)
         return false;
@@ -1428,13 +1621,16 @@ static int put_chunk(tkv_store *s, unsigned tn, const tkv_key *parent, bool pare
     s->st.put_blocks += n;
     s->st.put_dup_blocks += dup;
     s->st.put_rejected_blocks += rejected + no_room;
-    s->tn[tn].refused += no_room;
+    refusal_line line;
+    bool log_it = refusal_note(s, tn, TKV_TIER_L2, no_room, &line);
     *num_stored += m;
     /* A put the policy did not admit is an answer, not an error: the caller learns it from
      * num_stored. Only admitted blocks that found no room at all are a failure. */
     if (m == 0 && no_room > 0)
         rc = TKV_EFULL;
     unlock(s);
+    if (log_it)
+        refusal_log(s, tn, TKV_TIER_L2, no_room, &line, "put found no room");
     for (size_t j = 0; j < m; j++)
         if (l4_now[j])
             tkv_l4_put_async(s->l4, &keys[idx[j]], idx[j] ? &keys[idx[j] - 1] : first_pk,
@@ -1466,7 +1662,7 @@ int tkv_store_put_as(tkv_store *s, unsigned tenant, const tkv_key *parent, const
     for (size_t i = 0; i < num_blocks; i++)
         if (!payloads[i])
             return TKV_EINVAL;
-    uint64_t l2_cap = s->tiers[TKV_TIER_L2].capacity_blocks;
+    uint64_t l2_cap = tkv_pool_region_slots(s->pool, s->region_of[tenant]);
     size_t chunk = l2_cap / 4 ? (size_t)(l2_cap / 4) : 1;
     if (chunk > 256)
         chunk = 256;
@@ -1524,10 +1720,13 @@ int tkv_store_alloc_as(tkv_store *s, unsigned tenant, int tier_id, size_t n, uin
         return TKV_EUNSUPPORTED;
     if (tier_id != TKV_TIER_L1 && tier_id != TKV_TIER_L2)
         return TKV_EINVAL;
-    if (n > s->tiers[tier_id].capacity_blocks)
+    if (n > (tier_id == TKV_TIER_L2 ? tkv_pool_region_slots(s->pool, s->region_of[tenant])
+                                    : s->tiers[tier_id].capacity_blocks))
         return TKV_EFULL;
     uint64_t *slots = tkv_xmalloc(n * sizeof(*slots));
     size_t got = 0;
+    refusal_line line;
+    bool log_it = false;
     wr_lock(s);
     lock(s);
     int rc = reserve_slots(s, tier_id, tenant, n, false, slots, &got);
@@ -1552,10 +1751,12 @@ int tkv_store_alloc_as(tkv_store *s, unsigned tenant, int tier_id, size_t n, uin
     } else {
         for (size_t i = 0; i < got; i++)
             slot_free(s, tier_id, slots[i]);
-        s->tn[tenant].refused += n;
+        log_it = refusal_note(s, tenant, tier_id, n, &line);
     }
     unlock(s);
     idx_unlock(s);
+    if (log_it)
+        refusal_log(s, tenant, tier_id, n, &line, "allocation found no room");
     free(slots);
     return rc;
 }
@@ -2101,9 +2302,23 @@ static void run_prefetch(tkv_store *s, prefetch_job *j)
     uint64_t *csums = tkv_xcalloc(n ? n : 1, sizeof(*csums));
 
     if (n) {
+        /* Each block into its tenant's region and under its quota: a run of one tenant's
+         * blocks at a time (a lease is one tenant's); those without a slot fail EFULL. The
+         * slots count against the quota while the reads run. */
         wr_lock(s);
         lock(s);
-        reserve_slots(s, TKV_TIER_L2, 0, n, false, slots, &got); /* blocks without a slot fail EFULL */
+        while (got < n) {
+            unsigned tn = j->ents[got]->tenant;
+            size_t run = 1, more = 0;
+            while (got + run < n && j->ents[got + run]->tenant == tn)
+                run++;
+            reserve_slots(s, TKV_TIER_L2, tn, run, false, slots + got, &more);
+            for (size_t i = 0; i < more; i++)
+                s->tn[tn].reserved_l2++;
+            got += more;
+            if (more < run)
+                break;
+        }
         unlock(s);
         idx_unlock(s);
     }
@@ -2121,6 +2336,8 @@ static void run_prefetch(tkv_store *s, prefetch_job *j)
     wr_lock(s);
     lock(s);
     uint64_t now = tkv_now_ns();
+    for (size_t i = 0; i < got; i++)
+        s->tn[j->ents[i]->tenant].reserved_l2--; /* entered or freed below */
     for (size_t i = 0; i < n; i++) {
         tkv_entry *e = j->ents[i];
         int st = i < got ? reqs[i].status : TKV_EFULL;
@@ -2186,40 +2403,95 @@ static void run_prefetch(tkv_store *s, prefetch_job *j)
  * Write-back L2 -> L3 (write-through and demotion)
  * ========================================================================================== */
 
-/* idx_lock (write) + mu held: makes room in L3 for k more blocks by deleting unpinned victims
- * (tails first). The deletion is one RocksDB batch: index records only, no payload I/O. */
-static void l3_make_room(tkv_store *s, size_t k)
+/* idx_lock (write) + mu held: e leaves L3 as a victim (its record joins the delete batch). */
+static void l3_take_victim(tkv_store *s, tkv_entry *e, tkv_key *keys, tkv_entry **ents,
+                           size_t *nv)
+{
+    tier_leave(s, e, TKV_TIER_L3);
+    keys[*nv] = e->key;
+    ents[(*nv)++] = e;
+}
+
+/* idx_lock (write) + mu held: makes room in L3 for the k blocks of a write-back batch by
+ * deleting unpinned victims (tails first). The deletion is one RocksDB batch: index records
+ * only, no payload I/O. With tenant limits, a tenant over its L3 quota makes room from its own
+ * blocks first, and a full L3 passes over blocks of tenants at or below their guaranteed
+ * share; a block that finds no room so is refused (refused[i] set; it is not written). The
+ * blocks kept count in T->reserved and their tenant's reserved_l3 until written. */
+static void l3_make_room(tkv_store *s, tkv_entry *const *batch, size_t k, bool *refused)
 {
     tier *T = &s->tiers[TKV_TIER_L3];
-    if (T->capacity_blocks != UINT64_MAX && T->num_blocks + T->reserved + k > T->capacity_blocks) {
-        uint64_t need = T->num_blocks + T->reserved + k - T->capacity_blocks;
-        tkv_key *keys = tkv_xmalloc(need * sizeof(*keys));
-        tkv_entry **ents = tkv_xmalloc(need * sizeof(*ents));
-        size_t nv = 0;
-        while (nv < need) {
-            tkv_policy_entry *v = T->ops->victim(T->pstate);
-            if (!v)
-                break;
-            tkv_entry *e = entry_of_pe(v, TKV_TIER_L3);
-            tier_leave(s, e, TKV_TIER_L3);
-            keys[nv] = e->key;
-            ents[nv++] = e;
+    bool limits = s->tenant_limits[TKV_TIER_L3];
+    size_t cap_v = k + 8;
+    tkv_key *keys = tkv_xmalloc(cap_v * sizeof(*keys));
+    tkv_entry **ents = tkv_xmalloc(cap_v * sizeof(*ents));
+    size_t nv = 0;
+    for (size_t i = 0; i < k; i++)
+        refused[i] = false;
+    /* Tenants at their quota: each of their blocks here takes the room of one of their own. */
+    for (size_t i = 0; limits && i < k; i++) {
+        tkv_entry *e = batch[i];
+        struct tenant_acct *a = &s->tn[e->tenant];
+        if (!a->max[TKV_TIER_L3] || a->blocks[TKV_TIER_L3] + a->reserved_l3 < a->max[TKV_TIER_L3]) {
+            a->reserved_l3++;
+            continue;
         }
-        if (nv) {
-            int rc = tkv_l3_delete(s->l3, keys, nv);
-            if (rc != TKV_OK) {
-                s->st.io_errors++;
-                TKV_LOG(TKV_LOG_WARN, "L3 eviction: delete of %zu records: %s", nv,
-                        tkv_strerror(rc));
-            }
-            s->st.evictions += nv;
-            for (size_t i = 0; i < nv; i++)
-                entry_drop_if_gone(s, ents[i]);
+        tkv_entry *v = tier_victim(s, TKV_TIER_L3, e->tenant, true, false);
+        if (v) {
+            a->own_evictions++;
+            l3_take_victim(s, v, keys, ents, &nv);
+            a->reserved_l3++;
+        } else {
+            refused[i] = true;
         }
-        free(keys);
-        free(ents);
     }
-    T->reserved += k;
+    size_t kept = 0;
+    for (size_t i = 0; i < k; i++)
+        if (!refused[i]) {
+            kept++;
+            if (!limits)
+                s->tn[batch[i]->tenant].reserved_l3++;
+        }
+    /* Then the tier's capacity, a victim for each block that needs one, last blocks first. */
+    for (size_t i = k; T->capacity_blocks != UINT64_MAX && i-- > 0;) {
+        if (T->num_blocks + T->reserved + kept <= T->capacity_blocks)
+            break;
+        if (refused[i])
+            continue;
+        tkv_entry *e = batch[i];
+        tkv_entry *v = tier_victim(s, TKV_TIER_L3, e->tenant, false, false);
+        if (v) {
+            if (nv == cap_v) {
+                cap_v *= 2;
+                keys = tkv_xrealloc(keys, cap_v * sizeof(*keys));
+                ents = tkv_xrealloc(ents, cap_v * sizeof(*ents));
+            }
+            if (v->tenant == e->tenant && s->tn[e->tenant].max[TKV_TIER_L3])
+                s->tn[e->tenant].own_evictions++;
+            l3_take_victim(s, v, keys, ents, &nv);
+            i++; /* the same block again, until the tier has room for it */
+        } else if (limits) {
+            refused[i] = true;  /* every evictable block is guarded or pinned */
+            s->tn[e->tenant].reserved_l3--;
+            kept--;
+        } else {
+            break;              /* no limits: as before, a tier of pinned blocks overflows */
+        }
+    }
+    if (nv) {
+        int rc = tkv_l3_delete(s->l3, keys, nv);
+        if (rc != TKV_OK) {
+            s->st.io_errors++;
+            TKV_LOG(TKV_LOG_WARN, "L3 eviction: delete of %zu records: %s", nv,
+                    tkv_strerror(rc));
+        }
+        s->st.evictions += nv;
+        for (size_t i = 0; i < nv; i++)
+            entry_drop_if_gone(s, ents[i]);
+    }
+    free(keys);
+    free(ents);
+    T->reserved += kept;
 }
 
 static void l3_went_readonly(tkv_store *s, int rc)
@@ -2260,10 +2532,11 @@ static bool wb_run_batch(tkv_store *s, bool worker)
     bool readonly = s->l3_readonly;
     unlock(s);
 
+    bool refused[WB_BATCH_BLOCKS] = {false};
     if (!readonly) {
         wr_lock(s);
         lock(s);
-        l3_make_room(s, k);
+        l3_make_room(s, batch, k, refused);
         unlock(s);
         idx_unlock(s);
     }
@@ -2279,6 +2552,10 @@ static bool wb_run_batch(tkv_store *s, bool worker)
         status[i] = TKV_OK;
         if (readonly) {
             status[i] = TKV_EREADONLY;
+            continue;
+        }
+        if (refused[i]) {
+            status[i] = TKV_EFULL; /* no room in L3 within the tenant's quota or others' shares */
             continue;
         }
         if (have_csum[i] && tkv_csum64(src, s->block_bytes) != e->csum) {
@@ -2309,10 +2586,32 @@ static bool wb_run_batch(tkv_store *s, bool worker)
     wr_lock(s);
     lock(s);
     uint64_t now = tkv_now_ns();
+    size_t kept = 0;
+    uint64_t num_refused[WB_BATCH_BLOCKS];
+    unsigned refused_tn[WB_BATCH_BLOCKS];
+    size_t num_rt = 0;
     for (size_t i = 0; i < k; i++) {
         tkv_entry *e = batch[i];
         int st = status[i];
-        if (st == TKV_OK) {
+        if (!readonly && !refused[i]) {
+            kept++;
+            s->tn[e->tenant].reserved_l3--;
+        }
+        if (st == TKV_EFULL) {
+            /* Not written: it stays an L2-only block (no tokens: never queued again, and an
+             * L2 eviction drops it), and a demotion drops it now. */
+            size_t r = 0;
+            while (r < num_rt && refused_tn[r] != e->tenant)
+                r++;
+            if (r == num_rt) {
+                refused_tn[num_rt++] = e->tenant;
+                num_refused[r] = 0;
+            }
+            num_refused[r]++;
+            free(e->tokens);
+            e->tokens = NULL;
+            e->num_tokens = 0;
+        } else if (st == TKV_OK) {
             if (!(e->resident & RES(TKV_TIER_L3)))
                 tier_enter(s, e, TKV_TIER_L3, now);
             free(e->tokens);
@@ -2330,8 +2629,9 @@ static bool wb_run_batch(tkv_store *s, bool worker)
             l3_went_readonly(s, st);
         }
         e->flags &= (uint8_t)~F_WB;
+        s->wb_in_region[s->region_of[e->tenant]]--;
         if ((e->flags & F_DROP_L2) && e->pins == 1 && (e->resident & RES(TKV_TIER_L2)) &&
-            ((e->resident & RES(TKV_TIER_L3)) || !l3_writable(s))) {
+            ((e->resident & RES(TKV_TIER_L3)) || !l3_writable(s) || st == TKV_EFULL)) {
             tier_leave(s, e, TKV_TIER_L2);
             s->st.evictions++;
         }
@@ -2340,9 +2640,13 @@ static bool wb_run_batch(tkv_store *s, bool worker)
         entry_unpin(s, e);
     }
     if (!readonly) {
-        TKV_ASSERT(s->tiers[TKV_TIER_L3].reserved >= k);
-        s->tiers[TKV_TIER_L3].reserved -= k;
+        TKV_ASSERT(s->tiers[TKV_TIER_L3].reserved >= kept);
+        s->tiers[TKV_TIER_L3].reserved -= kept;
     }
+    refusal_line line[WB_BATCH_BLOCKS];
+    bool log_it[WB_BATCH_BLOCKS];
+    for (size_t r = 0; r < num_rt; r++)
+        log_it[r] = refusal_note(s, refused_tn[r], TKV_TIER_L3, num_refused[r], &line[r]);
     s->wb_inflight -= k;
     s->wb_running--;
     s->wb_generation++;
@@ -2351,6 +2655,10 @@ static bool wb_run_batch(tkv_store *s, bool worker)
     pthread_cond_broadcast(&s->cv_done);
     unlock(s);
     idx_unlock(s);
+    for (size_t r = 0; r < num_rt; r++)
+        if (log_it[r])
+            refusal_log(s, refused_tn[r], TKV_TIER_L3, num_refused[r], &line[r],
+                        "no L3 room within its quota or beside others' shares");
     return true;
 }
 
@@ -2824,8 +3132,16 @@ int tkv_store_get_tenant_stats(tkv_store *s, unsigned tenant, tkv_store_tenant_s
     const struct tenant_acct *a = &s->tn[tenant];
     for (int t = 0; t < TKV_NUM_TIERS; t++)
         out->blocks_tier[t] = a->blocks[t];
-    out->max_blocks_tier[TKV_TIER_L2] = a->max_l2;
-    out->guaranteed_blocks_tier[TKV_TIER_L2] = a->guar_l2;
+    for (int t = TKV_TIER_L2; t <= TKV_TIER_L3; t++) {
+        out->max_blocks_tier[t] = a->max[t];
+        out->guaranteed_blocks_tier[t] = a->guar[t];
+    }
+    if (s->region_of[tenant]) { /* its own region: all of it is its, nobody else's */
+        uint64_t n = tkv_pool_region_slots(s->pool, s->region_of[tenant]);
+        out->guaranteed_blocks_tier[TKV_TIER_L2] = n;
+        if (!a->max[TKV_TIER_L2] || a->max[TKV_TIER_L2] > n)
+            out->max_blocks_tier[TKV_TIER_L2] = n;
+    }
     out->refused_blocks = a->refused;
     out->own_evictions = a->own_evictions;
     out->guarded_skips = a->guarded_skips;

@@ -60,14 +60,27 @@ int tkv_store_opts_set_lease_ttl_ms(tkv_store_opts *o, uint32_t dflt, uint32_t m
  *                     that do not fit are refused (rejected, as for a full tier);
  *   guaranteed_blocks a share no other tenant's load evicts (0 = none): while the tenant holds
  *                     no more than this, room for others is made from other blocks.
- * Only TKV_TIER_L2 takes limits (TKV_EUNSUPPORTED for others). The victim search skips at most
+ * TKV_TIER_L2 and TKV_TIER_L3 take limits (TKV_EUNSUPPORTED for others). In L2 they act on
+ * put, alloc, promotion and L4 fills (all reserve slots for the block's tenant); in L3 on
+ * write-back, where a block that finds no room is not written (it stays an L2 block and a
+ * demotion drops it) and counts as refused. The victim search skips at most
  * TKV_TENANT_SKIP_MAX blocks of other tenants per slot (O(1) per block), then gives up for
- * that slot as if every block were pinned. Blocks loaded from L3 at open, promoted or filled
- * from L4 keep or get tenant 0 unless they were put this life; limits act only on put/alloc. */
+ * that slot as if every block were pinned. Blocks loaded from L3 at open have tenant 0 (the
+ * L3 record keeps none) until a tenant's lookup reaches them (tkv_store_lookup_as): only that
+ * tenant's chain can, so they become its. Refusals of a tenant other than 0 are logged, at
+ * most one line a second per tenant with the number held back. */
 #define TKV_STORE_TENANTS_MAX 128
 #define TKV_TENANT_SKIP_MAX 256
 int tkv_store_opts_set_tenant_quota(tkv_store_opts *o, unsigned tenant, int tier,
                                     uint64_t max_blocks, uint64_t guaranteed_blocks);
+/* Gives tenant (1 .. TKV_STORE_TENANTS_MAX - 1) an L2 region of its own: num_blocks slots in
+ * a memfd of their own (tkv_store_l2_region), its own policy instance, which only its blocks
+ * enter, so its load evicts only its own blocks and nobody else's evicts them. Region 0 gets
+ * what the regions leave of the L2 size (tkv_store_open fails with TKV_EINVAL when they
+ * exceed it) and holds tenant 0's blocks and those of tenants without a region. */
+int tkv_store_opts_set_l2_region(tkv_store_opts *o, unsigned tenant, uint64_t num_blocks);
+/* The name the refusal log line gives the tenant (default "#<id>"). Copied. */
+int tkv_store_opts_set_tenant_name(tkv_store_opts *o, unsigned tenant, const char *name);
 
 /* ---- the GPU tier (L1) ------------------------------------------------------------------
  * The store keeps L1's slot accounting, leases, states and policy like any tier; the bytes
@@ -111,15 +124,25 @@ uint64_t tkv_store_l2_bytes(const tkv_store *s);    /* its mapped length */
 size_t tkv_store_block_bytes(const tkv_store *s);
 size_t tkv_store_l2_slot_stride(const tkv_store *s); /* bytes between L2 slots (page-rounded) */
 uint32_t tkv_store_block_tokens(const tkv_store *s);
-/* Direct pointer to L2 slot memory at offset (valid while the block is pinned). */
+/* Direct pointer to L2 slot memory at pool offset (valid while the block is pinned). */
 void *tkv_store_l2_ptr(tkv_store *s, uint64_t offset);
+/* The L2 region of a tenant (tkv_store_opts_set_l2_region; region 0 for tenants without
+ * one): its start as a pool offset, its length, its memfd and the read-only reopen of it
+ * (-1 for an empty region; owned by the store). Any out-pointer may be NULL. A client that
+ * maps the region addresses a block at (pool offset - *offset). TKV_EINVAL for a bad tenant. */
+int tkv_store_l2_region(const tkv_store *s, unsigned tenant, uint64_t *offset, uint64_t *bytes,
+                        int *fd, int *fd_readonly);
+/* Regions by index (0 .. num - 1), e.g. to pin each for DMA: start (pool offset) and length. */
+unsigned tkv_store_l2_num_regions(const tkv_store *s);
+int tkv_store_l2_region_at(const tkv_store *s, unsigned r, uint64_t *offset, uint64_t *bytes);
 
 /* ---- lookup and leases ---------------------------------------------------------------------- */
 typedef struct tkv_block_loc {
     uint8_t tier;           /* fastest tier holding the block (TKV_TIER_*) */
     uint8_t in_l2, in_l3;   /* residency flags */
     uint8_t in_l1;
-    uint64_t l2_offset;     /* byte offset of the slot in the L2 pool, or TKV_NO_OFFSET */
+    uint64_t l2_offset;     /* byte offset of the slot in the L2 pool (not its region: see
+                             * tkv_store_l2_region), or TKV_NO_OFFSET */
     uint64_t l1_offset;     /* byte offset in the L1 pool (tkv_l1_ops.offset), or TKV_NO_OFFSET */
 } tkv_block_loc;
 
@@ -129,6 +152,11 @@ typedef struct tkv_block_loc {
  * locs (num_keys entries, may be NULL) receives the hit blocks' locations. */
 int tkv_store_lookup(tkv_store *s, const tkv_key *keys, size_t num_keys, uint64_t owner,
                      uint32_t ttl_ms, uint64_t *lease_id, size_t *num_hit, tkv_block_loc *locs);
+/* The same for tenant `tenant`: blocks of another tenant (other than 0) end the prefix as a
+ * miss would, blocks of tenant 0 it reaches become its, and an L4 fill is put as its. */
+int tkv_store_lookup_as(tkv_store *s, unsigned tenant, const tkv_key *keys, size_t num_keys,
+                        uint64_t owner, uint32_t ttl_ms, uint64_t *lease_id, size_t *num_hit,
+                        tkv_block_loc *locs);
 
 /* Current locations of a lease's blocks (they change as prefetches complete). */
 int tkv_store_lease_locs(tkv_store *s, uint64_t lease_id, tkv_block_loc *locs, size_t cap,
@@ -255,8 +283,9 @@ typedef struct tkv_store_tenant_stats {
     uint64_t blocks_tier[TKV_NUM_TIERS];       /* held now */
     uint64_t max_blocks_tier[TKV_NUM_TIERS];   /* configured limits (0 = none) */
     uint64_t guaranteed_blocks_tier[TKV_NUM_TIERS];
-    uint64_t refused_blocks;    /* put/alloc blocks that found no room within the quota */
-    uint64_t own_evictions;     /* own blocks evicted to stay within the quota */
+    uint64_t refused_blocks;    /* put/alloc/write-back blocks that found no room within the
+                                 * quota (or beside others' guaranteed shares) */
+    uint64_t own_evictions;     /* own blocks evicted to stay within the quota or region */
     uint64_t guarded_skips;     /* times a block of this tenant was spared by its guarantee */
 } tkv_store_tenant_stats;
 /* TKV_EINVAL for a tenant >= TKV_STORE_TENANTS_MAX. */

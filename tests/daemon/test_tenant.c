@@ -38,7 +38,18 @@ START_TEST(parses_and_maps_peers)
     ck_assert_int_eq(set(&c, "tenant.a.quota_l2_blocks", "40", err), TKV_OK);
     ck_assert_int_eq(set(&c, "tenant.a.guaranteed_l2_blocks", "8", err), TKV_OK);
     ck_assert(a->quota_l2_blocks == 40 && a->guaranteed_l2_blocks == 8);
+    ck_assert_int_eq(set(&c, "tenant.a.quota_l3_blocks", "400", err), TKV_OK);
+    ck_assert_int_eq(set(&c, "tenant.a.guaranteed_l3_blocks", "80", err), TKV_OK);
+    ck_assert(a->quota_l3_blocks == 400 && a->guaranteed_l3_blocks == 80);
     ck_assert_uint_eq(tkvd_tenant_store_id(a), a->index + 1);
+    /* L2 regions: a's quota, the others an equal share of the rest */
+    uint64_t regions[3];
+    ck_assert_int_eq(tkvd_tenants_l2_regions(t, 101, regions, err, sizeof(err)), TKV_OK);
+    ck_assert_uint_eq(regions[a->index], 40);
+    ck_assert_uint_eq(regions[b->index], 30);
+    ck_assert_uint_eq(regions[ops->index], 30);
+    ck_assert_int_eq(tkvd_tenants_l2_regions(t, 41, regions, err, sizeof(err)), TKV_EINVAL);
+    ck_assert(strstr(err, "no L2 left for its region"));
 
     tkvd_identity p = {.has_ucred = true, .uid = 1001, .gid = 7};
     ck_assert_ptr_eq(tkvd_tenant_of_peer(t, &p), a);
@@ -116,7 +127,10 @@ START_TEST(table_checks)
         {"tenant.a.quota_l2_blocks", "4", "tenant.a.guaranteed_l2_blocks", "5",
          "exceeds its quota_l2_blocks"},
         {"tenant.a.uid", "5", "tenant.a.guaranteed_l2_blocks", "1099511627776",
-         "more than the"},
+         "exceeds its L2 region"},
+        {"tenant.a.uid", "5", "tenant.a.quota_l2_blocks", "1099511627776", "more than L2 holds"},
+        {"tenant.a.quota_l3_blocks", "4", "tenant.a.guaranteed_l3_blocks", "5",
+         "exceeds its quota_l3_blocks"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         tkvd_config c;

@@ -7,9 +7,14 @@ Tenant a (uid 61001) stores a prompt; tenant b (uid 61002) then tries every path
 same prompt in its own namespace (a miss: keys are salted per tenant), a forged namespace on
 Lookup/Put/Evict (PERMISSION_DENIED), a's lease id on Get/Prefetch/Release/CostCheck (NOT_FOUND,
 as if it did not exist), an attached client's id (PERMISSION_DENIED), ListBlocks/Flush and an
-evict of everything (admin only), and the attach socket (refused: no pool descriptor). A uid
-that is no tenant is refused everything but Health. Every refusal is counted in
-tierkv_tenant_denied_total. Afterwards a's blocks are all still there, bit-exact.
+evict of everything (admin only). Through the attach socket b gets its own L2 region only: the
+test maps it and reads it at every page offset of the whole mapping and at the offsets a was
+told, and finds none of a's bytes (while a, mapping its own region, finds its blocks at its
+offsets, and b finds its own at its offsets: the scan could see them); the descriptor refuses
+a writable mapping. A uid that is no tenant is refused everything but Health, attach included.
+Every refusal is counted in tierkv_tenant_denied_total and logged at most once a second per
+tenant with the number held back (a burst of 40 forged calls: the lines and the counts they
+carry add up to the refusals). Afterwards a's blocks are all still there, bit-exact.
 
 usage: test_tenants.py PATH-TO-TIERKVD PROTO-DIR
        test_tenants.py --child GEN-DIR SOCK ATTACH-SOCK FP-HEX ACTION < ARGS-JSON   (internal)
@@ -63,6 +68,13 @@ def child(argv):
             lease = r["r"].lease_id
             call("get", lambda: [b.hex() for b in s.Get(pb.GetRequest(
                 lease_id=lease, first=0, count=len(blocks)), timeout=10).blocks])
+    elif action == "map":
+        out["map"] = map_region(attach_sock, fp, s, scope, args)
+    elif action == "burst":
+        for _ in range(args["n"]):
+            call("forged", lambda: s.Lookup(pb.LookupRequest(scope=scope("a"), tokens=tokens),
+                                            timeout=5).num_hit_blocks)
+        out.pop("forged", None)
     elif action == "probe":
         lease = args["lease"]
         call("lookup_own", lambda: s.Lookup(pb.LookupRequest(scope=scope(), tokens=tokens),
@@ -95,6 +107,74 @@ def child(argv):
             v["r"] = str(v["r"])
     print(json.dumps(out))
     ch.close()
+
+
+def attach_fd(path, fp):
+    """One attach hello; returns (reply fields, descriptor or None, socket kept open)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.settimeout(5)
+    s.connect(path)
+    s.send(struct.pack("<II32sII", ATTACH_MAGIC, ATTACH_VERSION, fp, 0, os.getpid()))
+    msg, anc, _, _ = s.recvmsg(4096, socket.CMSG_SPACE(4 * 4))
+    fds = []
+    for level, typ, data in anc:
+        if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
+            fds += list(struct.unpack(f"{len(data) // 4}i", data[:len(data) // 4 * 4]))
+    magic, status, client_id, l2_bytes, block_bytes, block_tokens, flags = \
+        struct.unpack_from("<IiQQQII", msg)
+    rep = {"status": status, "client_id": client_id, "l2_bytes": l2_bytes, "flags": flags,
+           "block_bytes": block_bytes}
+    return rep, (fds[0] if fds else None), s
+
+
+def map_region(path, fp, stub, scope, args):
+    """Attaches, maps the descriptor read-only, checks the caller's own blocks at the offsets
+    its lookup gives, then looks for the foreign blocks everywhere in the mapping: at every
+    page offset, at the offsets their owner was given, by a search for each one's first 256
+    bytes, and past the end. Returns what it found."""
+    import mmap
+    import tierkv_pb2 as pb
+    rep, fd, sk = attach_fd(path, fp)
+    out = {"reply": rep}
+    if fd is None:
+        return out
+    size = rep["l2_bytes"]
+    out["fstat_bytes"] = os.fstat(fd).st_size
+    try:
+        mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        out["writable"] = True
+    except OSError:
+        out["writable"] = False
+    mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+    os.close(fd)
+    bb = rep["block_bytes"]
+    own = [bytes.fromhex(b) for b in args["own_blocks"]]
+    r = stub.Lookup(pb.LookupRequest(scope=scope(client_id=rep["client_id"]),
+                                     tokens=args["own_tokens"], lease_ttl_ms=60000), timeout=5)
+    offs = [b.l2_offset for b in r.blocks if b.in_l2]
+    out["own_offsets"] = offs
+    out["own_in_l2"] = len(offs)
+    out["own_ok"] = len(offs) == len(own) and all(
+        mm[o:o + bb] == own[i] for i, o in enumerate(offs))
+    foreign = [bytes.fromhex(b) for b in args["foreign"]]
+    fset = set(foreign)
+    hits, tried = 0, 0
+    for o in list(range(0, size, 4096)) + list(args.get("foreign_offsets", [])):
+        tried += 1
+        if mm[o:o + bb] in fset:
+            hits += 1
+    for f in foreign:
+        tried += 1
+        if mm.find(f[:256]) != -1:
+            hits += 1
+    for o in (size, size + 4096, 2 * size, (1 << 40)):
+        tried += 1
+        if len(mm[o:o + bb]) != 0:
+            hits += 1
+    out["foreign_hits"], out["offsets_tried"] = hits, tried
+    mm.close()
+    sk.close()
+    return out
 
 
 def attach(path, fp):
@@ -178,9 +258,32 @@ def run():
     refused("list", "PERMISSION_DENIED", "admin")
     refused("flush", "PERMISSION_DENIED", "admin")
     check(b["health"] == {"ok": True, "r": "serving"}, f"b health: {b['health']}")
-    check(b["attach"]["status"] != 0 and b["attach"]["fds"] == 0 and "map the shared pools" in
-          b["attach"]["msg"], f"b attach: {b['attach']}")
-    print(f"  ok  b attach refused, no descriptor: {b['attach']['msg']}")
+    check(b["attach"]["status"] == 0 and b["attach"]["fds"] == 1, f"b attach: {b['attach']}")
+    print("  ok  b attaches (its own L2 region)")
+
+    # the mappings: each tenant's region holds its own blocks and nothing of the other's
+    stride = (bb + 4095) // 4096 * 4096
+    region = 64 // 3 * stride                      # three tenants, no quotas: equal regions
+    a_map = as_uid(UID_A, "map", {"own_tokens": tokens, "own_blocks": [x.hex() for x in blocks],
+                                  "foreign": []})["map"]
+    check(a_map["reply"]["status"] == 0 and a_map["own_ok"] and a_map["own_in_l2"] == 4,
+          f"a does not find its own blocks in its mapping: {a_map}")
+    tokens_b = [(13 * i + 1) % 50000 for i in range(2 * P)]
+    blocks_b = [payload(55, i, bb) for i in range(2)]
+    sb = as_uid(UID_B, "store", {"tokens": tokens_b, "blocks": [x.hex() for x in blocks_b]})
+    check(sb["put"] == {"ok": True, "r": 2}, f"b's put: {sb['put']}")
+    b_map = as_uid(UID_B, "map", {"own_tokens": tokens_b, "own_blocks": [x.hex() for x in blocks_b],
+                                  "foreign": [x.hex() for x in blocks],
+                                  "foreign_offsets": a_map["own_offsets"]})["map"]
+    check(b_map["reply"]["status"] == 0 and b_map["own_ok"], f"b's own blocks: {b_map}")
+    check(b_map["reply"]["l2_bytes"] == region and b_map["fstat_bytes"] == region,
+          f"b's mapping is not its region of {region} bytes: {b_map}")
+    check(b_map["foreign_hits"] == 0, f"b's mapping holds a's bytes: {b_map}")
+    check(not b_map["writable"] and not a_map["writable"], "a tenant's descriptor maps writable")
+    check(b_map["reply"]["flags"] & 1 == 0, "b was offered the L1 pool")
+    print(f"  ok  b maps {region} bytes (its region of a {64 * stride}-byte pool): its own 2 blocks "
+          f"at its offsets, none of a's bytes over {b_map['offsets_tried']} offsets and searches "
+          f"(a's offsets {a_map['own_offsets']} included); a finds its 4 blocks in its own")
 
     n = as_uid(UID_NONE, "probe", {"tokens": tokens, "lease": lease_a, "client_id": 0, "P": P,
                                    "block_bytes": bb})
@@ -205,11 +308,34 @@ def run():
         if line.startswith("tierkv_tenant_denied_total{"):
             name = line.split('"')[1]
             denied[name] = float(line.split()[-1])
-    # b: 3 forged namespaces, evict-all, 4 lease ids, a client id, list, flush, attach = 12
-    check(denied.get("b") == 12, f"b's refusals counted: {denied}")
+    # b: 3 forged namespaces, evict-all, 4 lease ids, a client id, list, flush = 11
+    check(denied.get("b") == 11, f"b's refusals counted: {denied}")
     check(denied.get("") == 14 and denied.get("a") == 0, f"refusals counted: {denied}")
     print(f"  ok  tierkv_tenant_denied_total {denied}")
-    check("refused a call of tenant b" in d.logs(), "no refusal log line")
+
+    # the refusal log line: per tenant, at most one a second, carrying the count held back
+    import re
+    import time
+    time.sleep(1.1)
+    t0 = time.monotonic()
+    as_uid(UID_B, "burst", {"tokens": tokens, "n": 40})
+    time.sleep(1.1)
+    as_uid(UID_B, "burst", {"tokens": tokens, "n": 1})   # its line tells what was held back
+    elapsed = time.monotonic() - t0
+    text = urllib.request.urlopen(f"http://{addr}/metrics", timeout=5).read().decode()
+    total_b = [float(x.split()[-1]) for x in text.splitlines()
+               if x.startswith('tierkv_tenant_denied_total{tenant="b"}')][0]
+    lines = [l for l in d.logs().splitlines() if "refused a call of tenant b " in l]
+    held = [int(m.group(1)) for l in lines
+            for m in [re.search(r"\((\d+) more refusals since the last line\)", l)] if m]
+    check(len(held) == len(lines), f"refusal lines without a count: {lines}")
+    check(len(lines) + sum(held) == total_b, f"b's refusal lines ({len(lines)}, holding back "
+          f"{sum(held)}) do not add up to its {total_b:.0f} refusals")
+    check(len(lines) <= 2 + elapsed + 2, f"{len(lines)} refusal lines of b in ~{elapsed:.1f} s")
+    check(any("refused a call of tenant (none)" in l for l in d.logs().splitlines()),
+          "no refusal line for the no-tenant uid (another tenant's refusals hid it)")
+    print(f"  ok  {total_b:.0f} refusals of b in {len(lines)} log lines (the lines hold back "
+          f"{sum(held)}); the no-tenant uid got its own line")
     rc = d.stop()
     check(rc == 0, f"exit {rc}:\n{d.logs()}")
 

@@ -1,10 +1,12 @@
-/* test_pool.c - the L2 pool: one sealed memfd mapping, slot accounting that never leaks. */
+/* test_pool.c - the L2 pool: sealed memfd mappings (one per region), slot accounting that never
+ * leaks, and regions whose descriptors show only their own slots. */
 #include <check.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tkv_base.h"
@@ -184,6 +186,58 @@ START_TEST(threads_never_share_a_slot)
 }
 END_TEST
 
+/* Regions: slots numbered across the pool, allocation within one region only, and each
+ * region's descriptor maps exactly its own slots (bytes written through the pool's mapping
+ * at another region's slot are nowhere in it). */
+START_TEST(regions_are_separate_files)
+{
+    tkv_pool *p = NULL;
+    const uint64_t none[2] = {0, 0};
+    ck_assert_int_eq(tkv_pool_create_regions("t", 4096, none, 2, &p), TKV_EINVAL);
+    const uint64_t sizes[3] = {2, 0, 3};
+    ck_assert_int_eq(tkv_pool_create_regions("tierkv-rt", 5000, sizes, 3, &p), TKV_OK);
+    size_t stride = tkv_pool_slot_stride(p);
+    ck_assert_uint_eq(tkv_pool_num_slots(p), 5);
+    ck_assert_uint_eq(tkv_pool_num_regions(p), 3);
+    ck_assert_uint_eq(tkv_pool_region_first(p, 2), 2);
+    ck_assert_int_eq(tkv_pool_region_fd(p, 1), -1);
+    ck_assert_int_ge(tkv_pool_region_fd_readonly(p, 2), 0);
+    uint64_t slots[4];
+    ck_assert_int_eq(tkv_pool_alloc_in(p, 0, 3, slots), TKV_EFULL); /* region 0 has 2 */
+    ck_assert_int_eq(tkv_pool_alloc_in(p, 1, 1, slots), TKV_EFULL);
+    ck_assert_int_eq(tkv_pool_alloc_in(p, 2, 3, slots), TKV_OK);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_uint_eq(slots[i], 2 + (uint64_t)i);
+        ck_assert_uint_eq(tkv_pool_region_of(p, slots[i]), 2);
+    }
+    ck_assert_uint_eq(tkv_pool_num_free_in(p, 2), 0);
+    ck_assert_uint_eq(tkv_pool_num_free(p), 2);
+    ck_assert_uint_eq(tkv_pool_region_of(p, 1), 0);
+    /* Distinct bytes in every slot through the pool's one mapping. */
+    for (uint64_t i = 0; i < 5; i++)
+        memset(tkv_pool_slot_ptr(p, i), 0xA0 + (int)i, stride);
+    for (unsigned r = 0; r < 3; r += 2) {
+        int fd = tkv_pool_region_fd_readonly(p, r);
+        struct stat st;
+        ck_assert_int_eq(fstat(fd, &st), 0);
+        ck_assert_uint_eq((uint64_t)st.st_size, tkv_pool_region_slots(p, r) * stride);
+        uint8_t *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+        ck_assert_ptr_ne(m, MAP_FAILED);
+        for (off_t b = 0; b < st.st_size; b++) {
+            uint64_t slot = tkv_pool_region_first(p, r) + (uint64_t)b / stride;
+            ck_assert_uint_eq(m[b], 0xA0 + slot);
+        }
+        munmap(m, (size_t)st.st_size);
+    }
+    tkv_pool_free(p, 3);
+    ck_assert_uint_eq(tkv_pool_num_free_in(p, 2), 1);
+    ck_assert_uint_eq(tkv_pool_num_free_in(p, 0), 2);
+    ck_assert_int_eq(tkv_pool_alloc_in(p, 2, 1, slots), TKV_OK);
+    ck_assert_uint_eq(slots[0], 3);
+    tkv_pool_destroy(p);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("pool");
@@ -193,6 +247,7 @@ int main(void)
     tcase_add_test(tc, alloc_all_free_all);
     tcase_add_test(tc, random_churn_stays_consistent);
     tcase_add_test(tc, threads_never_share_a_slot);
+    tcase_add_test(tc, regions_are_separate_files);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

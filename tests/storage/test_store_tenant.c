@@ -2,11 +2,14 @@
  * (storage/store.c): a tenant at its L2 quota evicts its own blocks first, never holds more
  * than the quota, is refused when its own blocks are all pinned; another tenant's load cannot
  * evict a tenant below its guaranteed share; alloc/commit is held to the same quota; bad
- * limits are refused. Deterministic counts on a real memfd pool, LRU policy, no L3. */
+ * limits are refused; a tenant's own L2 region holds only its blocks and bounds it, and no
+ * other tenant's lookup sees them; L3 quotas and guaranteed shares hold under a 3-tenant load.
+ * Deterministic counts on a real memfd pool, LRU policy, L3 only where a test says. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tkv_base.h"
 #include "tkv_keys.h"
@@ -73,11 +76,31 @@ static bool present(tkv_store *s, unsigned tenant, uint32_t i)
     return hit == 1;
 }
 
-static uint64_t held(tkv_store *s, unsigned tenant)
+static uint64_t held_in(tkv_store *s, unsigned tenant, int tier)
 {
     tkv_store_tenant_stats ts;
     ck_assert_int_eq(tkv_store_get_tenant_stats(s, tenant, &ts), TKV_OK);
-    return ts.blocks_tier[TKV_TIER_L2];
+    return ts.blocks_tier[tier];
+}
+
+static uint64_t held(tkv_store *s, unsigned tenant) { return held_in(s, tenant, TKV_TIER_L2); }
+
+/* Hits of tenant `as`'s lookup of tenant `owner`'s block i (released at once); *loc gets its
+ * location when it hit. */
+static size_t lookup_as(tkv_store *s, unsigned as, unsigned owner, uint32_t i, tkv_block_loc *loc)
+{
+    tkv_key key;
+    uint32_t tokens[TOK];
+    block_key(owner, i, &key, tokens);
+    uint64_t lease = 0;
+    size_t hit = 0;
+    tkv_block_loc l;
+    ck_assert_int_eq(tkv_store_lookup_as(s, as, &key, 1, 1, 0, &lease, &hit, &l), TKV_OK);
+    if (lease)
+        tkv_store_lease_release(s, lease);
+    if (hit && loc)
+        *loc = l;
+    return hit;
 }
 
 START_TEST(test_quota_and_guarantee)
@@ -179,6 +202,127 @@ START_TEST(test_quota_refusal_and_alloc)
 }
 END_TEST
 
+/* Own L2 regions: tenant 1 (8 slots) and 2 (16) each in a memfd of its own; tenant 3 and 0
+ * share region 0 (the other 40). A tenant's load evicts only its own blocks, its blocks' offsets
+ * lie in its region, and no other tenant's lookup sees them. */
+START_TEST(test_regions)
+{
+    tkv_store_opts *o = tkv_store_opts_new();
+    ck_assert_int_eq(tkv_store_opts_set_l2_region(o, 0, 4), TKV_EINVAL);
+    ck_assert_int_eq(tkv_store_opts_set_l2_region(o, 1, 8), TKV_OK);
+    ck_assert_int_eq(tkv_store_opts_set_l2_region(o, 2, 16), TKV_OK);
+    tkv_store *s = open_store(o);
+    uint64_t off1 = 0, bytes1 = 0, off3 = 1, bytes3 = 0;
+    int fd1 = -1, ro1 = -1, fd3 = -1;
+    ck_assert_int_eq(tkv_store_l2_region(s, 1, &off1, &bytes1, &fd1, &ro1), TKV_OK);
+    ck_assert_int_eq(tkv_store_l2_region(s, 3, &off3, &bytes3, &fd3, NULL), TKV_OK);
+    ck_assert_uint_eq(off3, 0);
+    ck_assert_uint_eq(bytes3, 40u * BLK);
+    ck_assert_uint_eq(off1, 40u * BLK);
+    ck_assert_uint_eq(bytes1, 8u * BLK);
+    ck_assert_int_ge(ro1, 0);
+    ck_assert_int_ne(fd1, fd3);
+    ck_assert_uint_eq(tkv_store_l2_num_regions(s), 3);
+
+    for (uint32_t i = 0; i < 16; i++)
+        ck_assert_uint_eq(put_one(s, 2, i), 1);
+    for (uint32_t i = 0; i < 100; i++) {
+        ck_assert_uint_eq(put_one(s, 1, i), 1);
+        ck_assert_uint_le(held(s, 1), 8);
+    }
+    for (uint32_t i = 0; i < 200; i++)
+        ck_assert_uint_eq(put_one(s, 3, i), 1);
+    ck_assert_uint_eq(held(s, 1), 8);
+    ck_assert_uint_eq(held(s, 2), 16);
+    ck_assert_uint_eq(held(s, 3), 40);
+    tkv_block_loc loc;
+    for (uint32_t i = 0; i < 16; i++) {
+        ck_assert_uint_eq(lookup_as(s, 2, 2, i, &loc), 1);
+        ck_assert(loc.in_l2);
+        ck_assert_uint_ge(loc.l2_offset, off1 + bytes1);
+        ck_assert_uint_lt(loc.l2_offset, off1 + bytes1 + 16u * BLK);
+        ck_assert_uint_eq(lookup_as(s, 1, 2, i, NULL), 0); /* another tenant's: a miss */
+        ck_assert_uint_eq(lookup_as(s, 3, 2, i, NULL), 0);
+    }
+    ck_assert_uint_eq(lookup_as(s, 1, 1, 99, &loc), 1);
+    ck_assert_uint_ge(loc.l2_offset, off1);
+    ck_assert_uint_lt(loc.l2_offset, off1 + bytes1);
+    tkv_store_tenant_stats ts;
+    ck_assert_int_eq(tkv_store_get_tenant_stats(s, 1, &ts), TKV_OK);
+    ck_assert_uint_eq(ts.own_evictions, 92);
+    ck_assert_uint_eq(ts.guaranteed_blocks_tier[TKV_TIER_L2], 8);
+
+    /* A block of no tenant in region 0 becomes tenant 3's when 3 looks it up (same region);
+     * tenant 1 sees it but cannot take it (it sits in another region). */
+    ck_assert_uint_eq(put_one(s, 0, 7), 1);
+    ck_assert_uint_eq(put_one(s, 0, 8), 1);
+    uint64_t h0 = held(s, 0), h3 = held(s, 3);
+    ck_assert_uint_eq(lookup_as(s, 3, 0, 7, NULL), 1);
+    ck_assert_uint_eq(held(s, 0), h0 - 1);
+    ck_assert_uint_eq(held(s, 3), h3 + 1);
+    ck_assert_uint_eq(lookup_as(s, 1, 0, 7, NULL), 0); /* now tenant 3's */
+    ck_assert_uint_eq(lookup_as(s, 1, 0, 8, NULL), 1);
+    ck_assert_uint_eq(held(s, 0), h0 - 1);
+    tkv_store_close(s);
+
+    o = tkv_store_opts_new();
+    ck_assert_int_eq(tkv_store_opts_set_l2_region(o, 1, L2 + 1), TKV_OK);
+    tkv_geometry g = {2, 1, 64, TOK, TKV_DTYPE_FP8_E4M3, TKV_SCALE_PER_TENSOR, "tenant-test"};
+    tkv_geometry_fingerprint(&g, g_fp);
+    ck_assert_int_eq(tkv_store_opts_set_block(o, BLK, TOK), TKV_OK);
+    ck_assert_int_eq(tkv_store_opts_set_fingerprint(o, g_fp), TKV_OK);
+    ck_assert_int_eq(tkv_store_opts_set_l2_blocks(o, L2), TKV_OK);
+    s = NULL;
+    ck_assert_int_eq(tkv_store_open(o, &s), TKV_EINVAL); /* regions larger than L2 */
+    ck_assert_ptr_null(s);
+    tkv_store_opts_free(o);
+}
+END_TEST
+
+/* L3 of 32 blocks: tenant 1's quota 10, tenant 2's guaranteed 8, tenant 3 unlimited. */
+START_TEST(test_l3_quota)
+{
+    char dir[] = "/tmp/tkv-l3q-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    tkv_store_opts *o = tkv_store_opts_new();
+    ck_assert_int_eq(tkv_store_opts_set_l3(o, dir, 32u * BLK), TKV_OK);
+    ck_assert_int_eq(tkv_store_opts_set_tenant_quota(o, 1, TKV_TIER_L3, 10, 0), TKV_OK);
+    ck_assert_int_eq(tkv_store_opts_set_tenant_quota(o, 2, TKV_TIER_L3, 0, 8), TKV_OK);
+    tkv_store *s = open_store(o);
+    for (uint32_t i = 0; i < 8; i++)
+        ck_assert_uint_eq(put_one(s, 2, i), 1);
+    ck_assert_int_eq(tkv_store_flush(s), TKV_OK);
+    ck_assert_uint_eq(held_in(s, 2, TKV_TIER_L3), 8);
+    for (uint32_t i = 0; i < 60; i++) {
+        ck_assert_uint_eq(put_one(s, 1, i), 1);
+        if (i % 10 == 9) {
+            ck_assert_int_eq(tkv_store_flush(s), TKV_OK);
+            ck_assert_uint_le(held_in(s, 1, TKV_TIER_L3), 10);
+        }
+    }
+    ck_assert_uint_eq(held_in(s, 1, TKV_TIER_L3), 10);
+    tkv_store_tenant_stats ts;
+    ck_assert_int_eq(tkv_store_get_tenant_stats(s, 1, &ts), TKV_OK);
+    ck_assert_uint_ge(ts.own_evictions, 50);
+    ck_assert_uint_eq(ts.max_blocks_tier[TKV_TIER_L3], 10);
+    for (uint32_t i = 0; i < 100; i++)
+        ck_assert_uint_eq(put_one(s, 3, i), 1);
+    ck_assert_int_eq(tkv_store_flush(s), TKV_OK);
+    ck_assert_uint_eq(held_in(s, 2, TKV_TIER_L3), 8);   /* its share, never evicted */
+    ck_assert_uint_le(held_in(s, 1, TKV_TIER_L3), 10);
+    tkv_store_stats st;
+    tkv_store_get_stats(s, &st);
+    ck_assert_uint_le(st.blocks_tier[TKV_TIER_L3], 32);
+    ck_assert_int_eq(tkv_store_get_tenant_stats(s, 2, &ts), TKV_OK);
+    ck_assert_uint_gt(ts.guarded_skips, 0);
+    ck_assert_uint_eq(ts.guaranteed_blocks_tier[TKV_TIER_L3], 8);
+    tkv_store_close(s);
+    char cmd[64];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 START_TEST(test_bad_limits)
 {
     tkv_store_opts *o = tkv_store_opts_new();
@@ -186,7 +330,8 @@ START_TEST(test_bad_limits)
                      TKV_EINVAL);
     ck_assert_int_eq(tkv_store_opts_set_tenant_quota(o, 1, TKV_TIER_L2, 4, 5), TKV_EINVAL);
     ck_assert_int_eq(tkv_store_opts_set_tenant_quota(o, 1, 9, 4, 0), TKV_EINVAL);
-    ck_assert_int_eq(tkv_store_opts_set_tenant_quota(o, 1, TKV_TIER_L3, 4, 0), TKV_EUNSUPPORTED);
+    ck_assert_int_eq(tkv_store_opts_set_tenant_quota(o, 1, TKV_TIER_L1, 4, 0), TKV_EUNSUPPORTED);
+    ck_assert_int_eq(tkv_store_opts_set_tenant_quota(o, 1, TKV_TIER_L3, 4, 0), TKV_OK);
     tkv_store *s = open_store(o);
     tkv_store_tenant_stats ts;
     ck_assert_int_eq(tkv_store_get_tenant_stats(s, TKV_STORE_TENANTS_MAX, &ts), TKV_EINVAL);
@@ -208,6 +353,8 @@ int main(void)
     tcase_add_test(tc, test_quota_and_guarantee);
     tcase_add_test(tc, test_quota_refusal_and_alloc);
     tcase_add_test(tc, test_bad_limits);
+    tcase_add_test(tc, test_regions);
+    tcase_add_test(tc, test_l3_quota);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);
