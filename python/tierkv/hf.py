@@ -91,6 +91,20 @@ class PrefixCache:
             n = min(n, lease.num_blocks)
         return n
 
+    def _load_l1(self, lease, n):
+        """(uint8 [n', block_bytes] on the L1 pool's device, n'): the lease's first blocks
+        promoted to L1 and gathered out of the mapped pool in one device gather."""
+        n = self._promote(lease, TIER_L1, n)
+        ids = lease.block_ids(TIER_L1)[:n]
+        if n == 0 or min(ids) < 0:
+            raise TierKVError(None, f"L1 promotion left blocks outside L1: {ids}")
+        pool = self.client.l1_pool()
+        buf = pool[torch.tensor(ids, dtype=torch.long, device=pool.device)]
+        # the lease keeps the slots only until it is released: the gather must be done
+        torch.cuda.current_stream(pool.device).synchronize()
+        self.last_path = "l1"
+        return buf, n
+
     def load(self, tokens, dtype=torch.bfloat16, max_tokens=None, device="cpu"):
         """(num_cached_tokens, DynamicCache or None), the cache's tensors on device. At most
         len(tokens) - 1 tokens come from the cache (the last prompt token is always computed:
@@ -109,19 +123,14 @@ class PrefixCache:
                 n = lease.num_blocks
                 if n == 0:
                     return 0, None
+                buf = None
                 if device.type == "cuda" and self.client.has_l1:
-                    n = self._promote(lease, TIER_L1, n)
-                    ids = lease.block_ids(TIER_L1)[:n]
-                    if n == 0 or min(ids) < 0:
-                        raise TierKVError(None, f"L1 promotion left blocks outside L1: {ids}")
-                    # one gather on the device out of the daemon's pool; the lease keeps the
-                    # slots until it is released, after the gather
-                    pool = self.client.l1_pool()
-                    buf = pool[torch.tensor(ids, dtype=torch.long, device=pool.device)]
-                    torch.cuda.current_stream(pool.device).synchronize()
-                    self.last_path = "l1"
-                else:
-                    n = self._promote(lease, TIER_L2, n)
+                    try:
+                        buf, n = self._load_l1(lease, n)
+                    except TierKVError as e:  # L1 full or off: the blocks are still in L2/L3
+                        log.warning("tierkv: no L1 load, loading through L2: %s", e)
+                if buf is None:
+                    n = self._promote(lease, TIER_L2, min(n, lease.num_blocks))
                     if n == 0:
                         return 0, None
                     pin = device.type == "cuda"
