@@ -334,11 +334,70 @@ static int map_status(grpc_status_code st, const char *msg)
     }
 }
 
-static grpc_byte_buffer *pack_message(const ProtobufCMessage *req)
+/* Blocks a request carries in pieces (kvc_put_gather): they are written after the packed
+ * message as elements of its repeated bytes field `field`, each gathered from its pieces
+ * straight into the wire buffer. Protobuf lets a repeated field's elements follow the other
+ * fields, and Put's blocks is its last field, so these are the bytes protobuf-c itself would
+ * write for the same blocks held contiguously. */
+typedef struct msg_tail {
+    uint32_t field;              /* field number (wire type 2) */
+    const kvc_iov *iov;          /* num_blocks * iov_per_block pieces, validated */
+    uint32_t iov_per_block, num_blocks;
+    size_t block_bytes;
+} msg_tail;
+
+static size_t varint_put(uint64_t v, uint8_t *out)
+{
+    size_t n = 0;
+    for (; v >= 0x80; v >>= 7)
+        out[n++] = (uint8_t)(v | 0x80);
+    out[n++] = (uint8_t)v;
+    return n;
+}
+
+/* The tail's field header (tag and length) of one block, in hdr; returns its size. */
+static size_t tail_header(const msg_tail *t, uint8_t hdr[20])
+{
+    size_t n = varint_put((uint64_t)t->field << 3 | 2u, hdr);
+    return n + varint_put(t->block_bytes, hdr + n);
+}
+
+/* Packed size of req plus its tail (t may be NULL). */
+static size_t msg_size(const ProtobufCMessage *req, const msg_tail *t)
 {
     size_t n = protobuf_c_message_get_packed_size(req);
+    if (t) {
+        uint8_t hdr[20];
+        n += (size_t)t->num_blocks * (tail_header(t, hdr) + t->block_bytes);
+    }
+    return n;
+}
+
+/* Packs req and its tail into out (msg_size bytes). */
+static void msg_pack(const ProtobufCMessage *req, const msg_tail *t, uint8_t *out)
+{
+    out += protobuf_c_message_pack(req, out);
+    if (!t)
+        return;
+    uint8_t hdr[20];
+    size_t hn = tail_header(t, hdr);
+    for (uint32_t b = 0; b < t->num_blocks; b++) {
+        memcpy(out, hdr, hn);
+        out += hn;
+        const kvc_iov *v = t->iov + (size_t)b * t->iov_per_block;
+        for (uint32_t i = 0; i < t->iov_per_block; i++) {
+            if (v[i].len)
+                memcpy(out, v[i].base, v[i].len);
+            out += v[i].len;
+        }
+    }
+}
+
+static grpc_byte_buffer *pack_message(const ProtobufCMessage *req, const msg_tail *tail)
+{
+    size_t n = msg_size(req, tail);
     grpc_slice s = grpc_slice_malloc(n);
-    protobuf_c_message_pack(req, GRPC_SLICE_START_PTR(s));
+    msg_pack(req, tail, GRPC_SLICE_START_PTR(s));
     grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
     grpc_slice_unref(s);
     return bb;
@@ -401,8 +460,8 @@ static void call_end(grpc_completion_queue *cq, grpc_call *call, grpc_byte_buffe
 
 /* A unary call on the gRPC channel (see unary). */
 static int grpc_unary(kvc_client *c, const char *method, const ProtobufCMessage *req,
-                      const ProtobufCMessageDescriptor *d, ProtobufCMessage **resp,
-                      uint32_t timeout_ms)
+                      const msg_tail *tail, const ProtobufCMessageDescriptor *d,
+                      ProtobufCMessage **resp, uint32_t timeout_ms)
 {
     int rc = KVC_OK;
     *resp = NULL;
@@ -410,7 +469,7 @@ static int grpc_unary(kvc_client *c, const char *method, const ProtobufCMessage 
     grpc_slice mslice = grpc_slice_from_static_string(method);
     grpc_call *call = grpc_channel_create_call(c->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
                                                mslice, NULL, deadline_ms(timeout_ms), NULL);
-    grpc_byte_buffer *send = pack_message(req);
+    grpc_byte_buffer *send = pack_message(req, tail);
     grpc_byte_buffer *recv = NULL;
     grpc_metadata_array initial_md, trailing_md;
     grpc_metadata_array_init(&initial_md);
@@ -461,21 +520,21 @@ fail:
  * connection or a reply that does not arrive in time ends the fast path for this client (a
  * late reply would answer the next call); calls then take gRPC. */
 static int fast_unary(kvc_client *c, const char *method, uint16_t op, const ProtobufCMessage *req,
-                      const ProtobufCMessageDescriptor *d, ProtobufCMessage **resp,
-                      uint32_t timeout_ms)
+                      const msg_tail *tail, const ProtobufCMessageDescriptor *d,
+                      ProtobufCMessage **resp, uint32_t timeout_ms)
 {
     /* lookups go in the lean encoding (tokens as they are), the rest as protobuf */
-    bool lean = op == TKV_FAST_LOOKUP || op == TKV_FAST_LOOKUP_BATCH;
+    bool lean = !tail && (op == TKV_FAST_LOOKUP || op == TKV_FAST_LOOKUP_BATCH);
     size_t n = lean ? tkv_fast_lean_size(req) : 0;
     lean = n > 0;
     if (!lean)
-        n = protobuf_c_message_get_packed_size(req);
+        n = msg_size(req, tail);
     uint32_t small[1024];
     uint8_t *p = n <= sizeof(small) ? (uint8_t *)small : tkv_xmalloc(n);
     if (lean)
         tkv_fast_lean_encode(req, p);
     else
-        protobuf_c_message_pack(req, p);
+        msg_pack(req, tail, p);
     bool sent = tkv_fast_send(c->attach_fd, op, lean ? TKV_FAST_LEAN : 0, timeout_ms, 0, p, n);
     if (p != (uint8_t *)small)
         free(p);
@@ -528,18 +587,19 @@ static int fast_unary(kvc_client *c, const char *method, uint16_t op, const Prot
  * protobuf_c_message_free_unpacked). timeout_ms 0 = no deadline. A call the fast path
  * carries (op != 0) goes on the attach connection when it is attached and free. */
 static int unary(kvc_client *c, const char *method, uint16_t op, const ProtobufCMessage *req,
-                 const ProtobufCMessageDescriptor *d, ProtobufCMessage **resp, uint32_t timeout_ms)
+                 const msg_tail *tail, const ProtobufCMessageDescriptor *d,
+                 ProtobufCMessage **resp, uint32_t timeout_ms)
 {
     *resp = NULL;
     if (op && c->fast && pthread_mutex_trylock(&c->fast_mu) == 0) {
         if (c->fast) {
-            int rc = fast_unary(c, method, op, req, d, resp, timeout_ms);
+            int rc = fast_unary(c, method, op, req, tail, d, resp, timeout_ms);
             pthread_mutex_unlock(&c->fast_mu);
             return rc;
         }
         pthread_mutex_unlock(&c->fast_mu);
     }
-    return grpc_unary(c, method, req, d, resp, timeout_ms);
+    return grpc_unary(c, method, req, tail, d, resp, timeout_ms);
 }
 
 /* The fast path's id of each method (0: gRPC only), for UNARY's name. */
@@ -555,12 +615,14 @@ enum {
  * returns KVC_OK or a failure. NULL: the reply carries nothing the caller needs. */
 typedef int (*take_fn)(kvc_client *c, const void *rsp, void *arg);
 
-/* The one shape of a unary call: send req, hand the reply to take, free it. */
+/* The one shape of a unary call: send req (with its tail of gathered blocks, or NULL), hand
+ * the reply to take, free it. */
 static int call(kvc_client *c, const char *method, uint16_t op, const ProtobufCMessage *req,
-                const ProtobufCMessageDescriptor *d, uint32_t timeout_ms, take_fn take, void *arg)
+                const msg_tail *tail, const ProtobufCMessageDescriptor *d, uint32_t timeout_ms,
+                take_fn take, void *arg)
 {
     ProtobufCMessage *rsp = NULL;
-    int rc = unary(c, method, op, req, d, &rsp, timeout_ms);
+    int rc = unary(c, method, op, req, tail, d, &rsp, timeout_ms);
     if (rc == KVC_OK && take)
         rc = take(c, rsp, arg);
     if (rsp)
@@ -568,10 +630,12 @@ static int call(kvc_client *c, const char *method, uint16_t op, const ProtobufCM
     return rc;
 }
 
-/* CALL(c, Lookup, &req, lookup_response, timeout, take, arg) */
-#define CALL(c, name, req, rsp_type, tmo, take, arg)                                             \
-    call((c), "/tierkv.v1.Cache/" #name, kOp_##name, &(req)->base,                             \
+/* CALL(c, Lookup, &req, lookup_response, timeout, take, arg); CALL_TAIL with a msg_tail */
+#define CALL_TAIL(c, name, req, tail, rsp_type, tmo, take, arg)                                  \
+    call((c), "/tierkv.v1.Cache/" #name, kOp_##name, &(req)->base, (tail),                     \
          &tierkv__v1__##rsp_type##__descriptor, (tmo), (take), (arg))
+#define CALL(c, name, req, rsp_type, tmo, take, arg)                                             \
+    CALL_TAIL(c, name, req, NULL, rsp_type, tmo, take, arg)
 
 static void scope_init(kvc_client *c, Tierkv__V1__BlockScope *s)
 {
@@ -819,7 +883,8 @@ int kvc_connect(const kvc_opts *o, kvc_client **out)
     /* Stats tells the daemon's geometry: adopt it, or check ours against it now, so a
      * mismatch is one clear error at connect rather than one per call. */
     Tierkv__V1__StatsRequest sreq = TIERKV__V1__STATS_REQUEST__INIT;
-    rc = unary(c, "/tierkv.v1.Cache/Stats", 0, &sreq.base, &tierkv__v1__stats_response__descriptor,
+    rc = unary(c, "/tierkv.v1.Cache/Stats", 0, &sreq.base, NULL,
+               &tierkv__v1__stats_response__descriptor,
                (ProtobufCMessage **)&st, c->timeout_ms);
     if (rc != KVC_OK) {
         char why[sizeof(tls_err)];
@@ -1236,9 +1301,34 @@ const void *kvc_lease_block_ptr(const kvc_client *c, const kvc_lease *l, uint32_
     return c->pool + off;
 }
 
+/* Where a get puts its blocks: one flat buffer (kvc_get), or pieces (kvc_get_scatter). Block
+ * b counts from the get's first block. */
+typedef struct get_sink {
+    uint8_t *flat;               /* block after block, or NULL */
+    const kvc_iov *iov;          /* iov_per_block pieces per block, validated */
+    uint32_t iov_per_block;
+    size_t block_bytes;
+} get_sink;
+
+static void sink_put(const get_sink *s, uint32_t b, const uint8_t *src)
+{
+    if (s->flat) {
+        memcpy(s->flat + (size_t)b * s->block_bytes, src, s->block_bytes);
+        return;
+    }
+    const kvc_iov *v = s->iov + (size_t)b * s->iov_per_block;
+    for (uint32_t i = 0; i < s->iov_per_block; i++) {
+        if (v[i].len)
+            memcpy(v[i].base, src, v[i].len);
+        src += v[i].len;
+    }
+}
+
 typedef struct take_get_arg {
-    uint8_t *dst;
-    uint32_t first, n;
+    const get_sink *sink;
+    uint32_t first;              /* lease index of the message's first block */
+    uint32_t sink_first;         /* its index in the sink */
+    uint32_t n;
 } take_get_arg;
 
 static int take_get(kvc_client *c, const void *rsp, void *arg)
@@ -1247,19 +1337,19 @@ static int take_get(kvc_client *c, const void *rsp, void *arg)
     take_get_arg *a = arg;
     if (resp->n_blocks != a->n)
         return fail(KVC_EPROTO, "Get answered %zu blocks for %u asked", resp->n_blocks, a->n);
-    for (uint32_t i = 0; i < a->n; i++) {
+    for (uint32_t i = 0; i < a->n; i++)
         if (resp->blocks[i].len != c->block_bytes)
             return fail(KVC_EPROTO, "Get block %u has %zu bytes, expected %zu", a->first + i,
                         resp->blocks[i].len, c->block_bytes);
-        memcpy(a->dst + (size_t)i * c->block_bytes, resp->blocks[i].data, c->block_bytes);
-    }
+    for (uint32_t i = 0; i < a->n; i++)
+        sink_put(a->sink, a->sink_first + i, resp->blocks[i].data);
     return KVC_OK;
 }
 
-/* By-value Get of lease blocks [first, first + count) into dst, split into messages that
- * stay under the size limit. */
+/* By-value Get of lease blocks [first, first + count) into the sink from its block
+ * sink_first on, split into messages that stay under the size limit. */
 static int get_by_value(kvc_client *c, const kvc_lease *l, uint32_t first, uint32_t count,
-                        uint8_t *dst)
+                        const get_sink *sink, uint32_t sink_first)
 {
     uint32_t per_msg = c->blocks_per_msg;
     while (count > 0) {
@@ -1268,13 +1358,55 @@ static int get_by_value(kvc_client *c, const kvc_lease *l, uint32_t first, uint3
         req.lease_id = l->id;
         req.first = first;
         req.count = n;
-        take_get_arg a = {dst, first, n};
+        take_get_arg a = {sink, first, sink_first, n};
         int rc = CALL(c, Get, &req, get_response, c->timeout_ms, take_get, &a);
         if (rc != KVC_OK)
             return rc;
         first += n;
+        sink_first += n;
         count -= n;
-        dst += (size_t)n * c->block_bytes;
+    }
+    return KVC_OK;
+}
+
+/* Checks a get's block range against the lease; count 0 becomes "to the end" when to_end. */
+static int check_range(const kvc_client *c, const kvc_lease *l, uint32_t first, uint32_t *count,
+                       bool to_end)
+{
+    if (!c || !l)
+        return fail(KVC_EINVAL, "client or lease is NULL");
+    if (first > l->num_blocks)
+        return fail(KVC_EINVAL, "first block %u beyond the lease's %u blocks", first,
+                    l->num_blocks);
+    if (*count == 0 && to_end)
+        *count = l->num_blocks - first;
+    if (*count > l->num_blocks - first)
+        return fail(KVC_EINVAL, "blocks %u..%u beyond the lease's %u blocks", first,
+                    first + *count - 1, l->num_blocks);
+    return KVC_OK;
+}
+
+/* Lease blocks [first, first + count) into the sink: a block in the mapped L2 pool by a copy
+ * from the mapping, runs of the others by value. */
+static int get_blocks(kvc_client *c, const kvc_lease *l, uint32_t first, uint32_t count,
+                      const get_sink *sink)
+{
+    uint32_t i = first, end = first + count;
+    while (i < end) {
+        const void *p = kvc_lease_block_ptr(c, l, i);
+        if (p) {
+            /* mapped: the lease pins the block in L2, so its slot cannot be reused under us */
+            sink_put(sink, i - first, p);
+            i++;
+            continue;
+        }
+        uint32_t j = i + 1;
+        while (j < end && !kvc_lease_block_ptr(c, l, j))
+            j++;
+        int rc = get_by_value(c, l, i, j - i, sink, i - first);
+        if (rc != KVC_OK)
+            return rc;
+        i = j;
     }
     return KVC_OK;
 }
@@ -1282,38 +1414,75 @@ static int get_by_value(kvc_client *c, const kvc_lease *l, uint32_t first, uint3
 int kvc_get(kvc_client *c, const kvc_lease *l, uint32_t first, uint32_t count, void *dst,
             size_t dst_len)
 {
-    if (!c || !l || !dst)
-        return fail(KVC_EINVAL, "client, lease or destination is NULL");
-    if (first > l->num_blocks)
-        return fail(KVC_EINVAL, "first block %u beyond the lease's %u blocks", first,
-                    l->num_blocks);
-    if (count == 0)
-        count = l->num_blocks - first;
-    if (count > l->num_blocks - first)
-        return fail(KVC_EINVAL, "blocks %u..%u beyond the lease's %u blocks", first,
-                    first + count - 1, l->num_blocks);
+    int rc = check_range(c, l, first, &count, true);
+    if (rc != KVC_OK)
+        return rc;
+    if (!dst)
+        return fail(KVC_EINVAL, "destination is NULL");
     if (dst_len / c->block_bytes < count)
         return fail(KVC_EINVAL, "destination of %zu bytes is smaller than %u blocks of %zu",
                     dst_len, count, c->block_bytes);
-    uint8_t *out = dst;
-    uint32_t i = first, end = first + count;
-    while (i < end) {
-        const void *p = kvc_lease_block_ptr(c, l, i);
-        if (p) {
-            /* mapped: the lease pins the block in L2, so its slot cannot be reused under us */
-            memcpy(out + (size_t)(i - first) * c->block_bytes, p, c->block_bytes);
-            i++;
-            continue;
+    get_sink sink = {.flat = dst, .block_bytes = c->block_bytes};
+    return get_blocks(c, l, first, count, &sink);
+}
+
+/* Does [p, p + len) meet [base, base + bytes)? */
+static bool meets(uintptr_t p, size_t len, uintptr_t base, uint64_t bytes)
+{
+    return base && bytes && p < base + bytes && base < p + len;
+}
+
+/* The checks of kvc_iov pieces (kvclient.h) for num_blocks blocks; a get's pieces must also
+ * stay out of this client's mappings (a write there faults, or with a writable mapping
+ * corrupts the daemon's blocks). */
+static int check_iov(const kvc_client *c, const kvc_iov *iov, uint32_t iov_per_block,
+                     uint32_t num_blocks, bool writes)
+{
+    if (iov_per_block == 0 || iov_per_block > KVC_IOV_MAX)
+        return fail(KVC_EINVAL, "%u pieces per block: must be 1..%u", iov_per_block,
+                    (unsigned)KVC_IOV_MAX);
+    if (num_blocks && !iov)
+        return fail(KVC_EINVAL, "pieces (iov) is NULL for %u blocks", num_blocks);
+    for (uint32_t b = 0; b < num_blocks; b++) {
+        const kvc_iov *v = iov + (size_t)b * iov_per_block;
+        size_t sum = 0;
+        for (uint32_t i = 0; i < iov_per_block; i++) {
+            uintptr_t p = (uintptr_t)v[i].base;
+            size_t len = v[i].len;
+            if (len == 0)
+                continue;
+            if (!p)
+                return fail(KVC_EINVAL, "block %u piece %u: base is NULL with %zu bytes", b, i,
+                            len);
+            if (len > UINTPTR_MAX - p)
+                return fail(KVC_EINVAL, "block %u piece %u: %zu bytes from %p wrap the address "
+                            "space", b, i, len, v[i].base);
+            if (len > c->block_bytes - sum)
+                return fail(KVC_EINVAL, "block %u: pieces 0..%u hold more than the block's %zu "
+                            "bytes", b, i, c->block_bytes);
+            sum += len;
+            if (writes && (meets(p, len, (uintptr_t)c->pool, c->pool_bytes) ||
+                           meets(p, len, (uintptr_t)c->l1_base, c->l1_bytes)))
+                return fail(KVC_EINVAL, "block %u piece %u: %zu bytes at %p lie in the "
+                            "daemon's mapped pool", b, i, len, v[i].base);
         }
-        uint32_t j = i + 1;
-        while (j < end && !kvc_lease_block_ptr(c, l, j))
-            j++;
-        int rc = get_by_value(c, l, i, j - i, out + (size_t)(i - first) * c->block_bytes);
-        if (rc != KVC_OK)
-            return rc;
-        i = j;
+        if (sum != c->block_bytes)
+            return fail(KVC_EINVAL, "block %u: its %u pieces hold %zu bytes, a block is %zu", b,
+                        iov_per_block, sum, c->block_bytes);
     }
     return KVC_OK;
+}
+
+int kvc_get_scatter(kvc_client *c, const kvc_lease *l, uint32_t first, uint32_t count,
+                    const kvc_iov *iov, uint32_t iov_per_block)
+{
+    int rc = check_range(c, l, first, &count, false);
+    if (rc == KVC_OK)
+        rc = check_iov(c, iov, iov_per_block, count, true);
+    if (rc != KVC_OK || count == 0)
+        return rc;
+    get_sink sink = {.iov = iov, .iov_per_block = iov_per_block, .block_bytes = c->block_bytes};
+    return get_blocks(c, l, first, count, &sink);
 }
 
 /* =========================================================================================
@@ -1340,6 +1509,18 @@ static int take_put(kvc_client *c, const void *rsp, void *arg)
     return KVC_OK;
 }
 
+/* The checks every put makes of its prompt and block range (num_blocks > 0). */
+static int check_put(const kvc_client *c, size_t num_tokens, uint32_t first_block,
+                     uint32_t num_blocks)
+{
+    if (((uint64_t)first_block + num_blocks) * c->block_tokens > num_tokens)
+        return fail(KVC_EINVAL, "blocks %u..%u need %llu tokens, got %zu", first_block,
+                    first_block + num_blocks - 1,
+                    (unsigned long long)((uint64_t)first_block + num_blocks) * c->block_tokens,
+                    num_tokens);
+    return KVC_OK;
+}
+
 int kvc_put(kvc_client *c, const uint32_t *tokens, size_t num_tokens, uint32_t first_block,
             const void *payloads, uint32_t num_blocks, kvc_put_result *res)
 {
@@ -1352,11 +1533,8 @@ int kvc_put(kvc_client *c, const uint32_t *tokens, size_t num_tokens, uint32_t f
         return KVC_OK;
     if (!payloads)
         return fail(KVC_EINVAL, "payloads is NULL");
-    if (((uint64_t)first_block + num_blocks) * c->block_tokens > num_tokens)
-        return fail(KVC_EINVAL, "blocks %u..%u need %llu tokens, got %zu", first_block,
-                    first_block + num_blocks - 1,
-                    (unsigned long long)((uint64_t)first_block + num_blocks) * c->block_tokens,
-                    num_tokens);
+    if ((rc = check_put(c, num_tokens, first_block, num_blocks)) != KVC_OK)
+        return rc;
     uint32_t per_msg = c->blocks_per_msg;
     ProtobufCBinaryData *bins = tkv_xcalloc(per_msg, sizeof(*bins));
     const uint8_t *src = payloads;
@@ -1383,6 +1561,45 @@ int kvc_put(kvc_client *c, const uint32_t *tokens, size_t num_tokens, uint32_t f
         done += n;
     }
     free(bins);
+    return rc;
+}
+
+int kvc_put_gather(kvc_client *c, const uint32_t *tokens, size_t num_tokens,
+                   uint32_t first_block, const kvc_iov *iov, uint32_t iov_per_block,
+                   uint32_t num_blocks, kvc_put_result *res)
+{
+    int rc = check_tokens(c, tokens, num_tokens);
+    if (rc != KVC_OK)
+        return rc;
+    if (res)
+        memset(res, 0, sizeof(*res));
+    if (num_blocks == 0)
+        return KVC_OK;
+    if ((rc = check_put(c, num_tokens, first_block, num_blocks)) != KVC_OK ||
+        (rc = check_iov(c, iov, iov_per_block, num_blocks, false)) != KVC_OK)
+        return rc;
+    /* the blocks go in the tail: gathered from their pieces into the message itself */
+    const ProtobufCFieldDescriptor *fd = protobuf_c_message_descriptor_get_field_by_name(
+        &tierkv__v1__put_request__descriptor, "blocks");
+    TKV_ASSERT(fd && fd->type == PROTOBUF_C_TYPE_BYTES && fd->label == PROTOBUF_C_LABEL_REPEATED);
+    uint32_t per_msg = c->blocks_per_msg, done = 0;
+    while (done < num_blocks) {
+        uint32_t n = num_blocks - done < per_msg ? num_blocks - done : per_msg;
+        uint32_t first = first_block + done;
+        Tierkv__V1__PutRequest req = TIERKV__V1__PUT_REQUEST__INIT;
+        req.scope = &c->scope;
+        req.n_tokens = (size_t)(first + n) * c->block_tokens; /* as kvc_put */
+        req.tokens = (uint32_t *)tokens;
+        req.first_block = first;
+        msg_tail tail = {.field = fd->id,
+                         .iov = iov + (size_t)done * iov_per_block,
+                         .iov_per_block = iov_per_block, .num_blocks = n,
+                         .block_bytes = c->block_bytes};
+        rc = CALL_TAIL(c, Put, &req, &tail, put_response, c->timeout_ms, take_put, res);
+        if (rc != KVC_OK)
+            break;
+        done += n;
+    }
     return rc;
 }
 
@@ -1682,7 +1899,7 @@ int kvc_verify(kvc_client *c, uint32_t timeout_ms, kvc_progress_fn fn, void *arg
         c->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq, grpc_slice_from_static_string(method),
         NULL, deadline_ms(timeout_ms), NULL);
     Tierkv__V1__VerifyRequest req = TIERKV__V1__VERIFY_REQUEST__INIT;
-    grpc_byte_buffer *send = pack_message(&req.base);
+    grpc_byte_buffer *send = pack_message(&req.base, NULL);
     grpc_metadata_array initial_md, trailing_md;
     grpc_metadata_array_init(&initial_md);
     grpc_metadata_array_init(&trailing_md);

@@ -232,6 +232,44 @@ typedef struct kvc_put_result {
 int kvc_put(kvc_client *c, const uint32_t *tokens, size_t num_tokens, uint32_t first_block,
             const void *payloads, uint32_t num_blocks, kvc_put_result *res);
 
+/* ---- scatter / gather: blocks kept in pieces --------------------------------------------
+ * An engine's host pool often keeps one block in several pieces: one per layer and K/V
+ * (SGLang's layer_first host pool, vLLM's per-layer caches), or K apart from V (SGLang's
+ * page_first). These two calls move a batch of such blocks in one call with no staging copy:
+ * a get copies each block from the mapped L2 pool (or from the daemon's reply) straight into
+ * its pieces, a put copies the pieces straight into the request message.
+ *
+ * A block's bytes are the concatenation of its pieces, in order: block b of the call (0-based)
+ * is iov[b * iov_per_block .. (b + 1) * iov_per_block), every block the same number of
+ * pieces. Validation happens before anything is copied or sent (all or nothing): iov_per_block
+ * 1..KVC_IOV_MAX, a piece with len > 0 has a non-NULL base and does not wrap the address
+ * space, a block's piece lengths add up to exactly kvc_block_bytes() (KVC_EINVAL naming the
+ * block and piece otherwise). Pieces are host memory; the caller keeps them valid (and, for a
+ * get, unshared with other writers) for the duration of the call; the library keeps no
+ * pointer after it returns. Pieces may be in any order in memory; overlapping pieces of a get
+ * leave the later piece's bytes. Thread safety as kvc_get / kvc_put. */
+typedef struct kvc_iov {
+    void *base;              /* first byte of the piece (const for a put) */
+    size_t len;              /* bytes of the piece */
+} kvc_iov;
+
+#define KVC_IOV_MAX 65536    /* pieces per block */
+
+/* kvc_get into pieces: hit blocks first..first+count-1 of the lease, block first+b into the
+ * pieces of block b. count 0 copies nothing (iov is sized by count, so there is no "to the
+ * end" here). Besides the checks above, a piece of a get must not lie in this client's mapped
+ * pools (L2 mapping, L1 device range): KVC_EINVAL. Errors otherwise as kvc_get; on a failure
+ * after validation, the pieces of blocks not yet delivered are left unspecified. */
+int kvc_get_scatter(kvc_client *c, const kvc_lease *l, uint32_t first, uint32_t count,
+                    const kvc_iov *iov, uint32_t iov_per_block);
+
+/* kvc_put from pieces: as kvc_put, block first_block+b of the prompt being the concatenation
+ * of the pieces of block b (b < num_blocks). Large puts are split into several messages;
+ * each piece is copied once, into the message. res may be NULL. */
+int kvc_put_gather(kvc_client *c, const uint32_t *tokens, size_t num_tokens,
+                   uint32_t first_block, const kvc_iov *iov, uint32_t iov_per_block,
+                   uint32_t num_blocks, kvc_put_result *res);
+
 /* ---- zero-copy write path: alloc -> write -> commit -------------------------------------- */
 /* Reserves num_blocks L2 slots. *alloc_id names them; offsets (num_blocks entries, may be
  * NULL) get their byte offsets in the L2 pool. Until kvc_commit or kvc_abort the slots are

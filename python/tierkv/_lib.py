@@ -20,6 +20,12 @@ class PutResult(ctypes.Structure):
     _fields_ = [("num_stored", c_u32), ("num_duplicate", c_u32), ("num_rejected", c_u32)]
 
 
+class Iov(ctypes.Structure):
+    """kvc_iov: one piece of a block. An array of them is laid out as int64 (address, bytes)
+    pairs on the 64-bit ABIs the package supports (checked in client.py)."""
+    _fields_ = [("base", c_vp), ("len", c_size)]
+
+
 class TierStats(ctypes.Structure):
     _fields_ = [("tier", c_int), ("blocks", c_u64), ("bytes", c_u64),
                 ("capacity_blocks", c_u64), ("hit_blocks", c_u64)]
@@ -43,8 +49,8 @@ class Health(ctypes.Structure):
                 ("notes", ctypes.c_char * 512)]
 
 
-# name: (restype, argtypes). Only the host-side section: the engine-side kernels (kvc_store,
-# kvc_attend, kvc_merge) take C structs of the kernels' header and are for C/CUDA engines.
+# name: (restype, argtypes). The host-side section and the pool accessors: the engine-side
+# kernels (kvc_store, kvc_attend, kvc_merge) take parameter structs and are for C/CUDA engines.
 _SIGS = {
     "kvc_strerror": (c_cp, [c_int]),
     "kvc_last_error": (c_cp, []),
@@ -80,10 +86,19 @@ _SIGS = {
     "kvc_get": (c_int, [c_vp, c_vp, c_u32, c_u32, c_vp, c_size]),
     "kvc_release": (c_int, [c_vp, c_vp]),
     "kvc_put": (c_int, [c_vp, P_u32, c_size, c_u32, c_vp, c_u32, ctypes.POINTER(PutResult)]),
+    # iov: kvc_iov[] by address (an int64 array of (address, bytes) pairs: see client.py)
+    "kvc_get_scatter": (c_int, [c_vp, c_vp, c_u32, c_u32, c_vp, c_u32]),
+    "kvc_put_gather": (c_int, [c_vp, P_u32, c_size, c_u32, c_vp, c_u32, c_u32,
+                               ctypes.POINTER(PutResult)]),
     "kvc_alloc": (c_int, [c_vp, c_u32, P_u64, P_u64]),
     "kvc_write": (c_int, [c_vp, c_u64, c_u32, c_vp, c_size]),
     "kvc_commit": (c_int, [c_vp, c_u64, P_u32, c_size, c_u32, c_u32, ctypes.POINTER(PutResult)]),
     "kvc_abort": (c_int, [c_vp, c_u64]),
+    # the engine side's pool accessors (plain arithmetic on the client: no kernel structs)
+    "kvc_has_l1": (c_int, [c_vp]),
+    "kvc_pool_base": (c_vp, [c_vp, c_int]),
+    "kvc_pool_num_blocks": (c_i64, [c_vp, c_int]),
+    "kvc_lease_block_id": (c_i64, [c_vp, c_vp, c_u32, c_int]),
     "kvc_stats_get": (c_int, [c_vp, ctypes.POINTER(Stats)]),
     "kvc_health_get": (c_int, [c_vp, ctypes.POINTER(Health)]),
     "kvc_evict": (c_int, [c_vp, c_int, P_u32, c_size, P_u32, P_u32]),

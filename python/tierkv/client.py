@@ -129,6 +129,52 @@ def buffer_address(obj, writable):
     return ctypes.addressof(c), mv.nbytes, (mv, c)
 
 
+def _iov(iov, num_blocks):
+    """(address, pieces per block, keep-alive) of a block-piece table: a C-contiguous int64 /
+    uint64 numpy array or torch CPU tensor of shape [num_blocks, pieces, 2], each row
+    (address, bytes) of one piece (kvclient.h's kvc_iov, which is two 8-byte words here). The
+    library validates the pieces (lengths add up to block_bytes, no NULL or wrapping piece)."""
+    if ctypes.sizeof(_lib.Iov) != 16 or _lib.ctypes.sizeof(ctypes.c_void_p) != 8:
+        raise Unsupported(-11, "scatter/gather needs a 64-bit ABI (kvc_iov of two 8-byte words)")
+    mod = type(iov).__module__
+    if mod.startswith("torch"):
+        import torch
+        ok = iov.dtype in (torch.int64, torch.uint64) if hasattr(torch, "uint64") else \
+            iov.dtype == torch.int64
+        if not ok or iov.device.type != "cpu" or not iov.is_contiguous():
+            raise InvalidArgument(-1, f"iov: a contiguous int64 CPU tensor, not {iov.dtype} "
+                                      f"on {iov.device}")
+        addr = iov.data_ptr()
+    elif mod.startswith("numpy"):
+        if iov.dtype.kind not in "iu" or iov.dtype.itemsize != 8 or not iov.flags.c_contiguous:
+            raise InvalidArgument(-1, f"iov: a C-contiguous int64 array, not {iov.dtype}")
+        addr = iov.ctypes.data
+    else:
+        raise InvalidArgument(-1, "iov: a numpy array or torch tensor [blocks, pieces, 2]")
+    shape = tuple(iov.shape)
+    if len(shape) != 3 or shape[2] != 2 or shape[0] != num_blocks:
+        raise InvalidArgument(-1, f"iov of shape {shape}: expected [{num_blocks}, pieces, 2]")
+    if num_blocks == 0:
+        return None, max(shape[1], 1), iov
+    return addr, shape[1], iov
+
+
+def _newer(name):
+    """A function only recent libkvclients have (typed at load when present)."""
+    L = _lib.lib()
+    if name not in L.__dict__:
+        raise Unsupported(-11, f"this libkvclient has no {name}")
+    return getattr(L, name)
+
+
+class _DeviceBytes:
+    """Device memory by address, for torch.as_tensor (the CUDA array interface, version 3)."""
+
+    def __init__(self, ptr, num_blocks, block_bytes):
+        self.__cuda_array_interface__ = {"shape": (num_blocks, block_bytes), "typestr": "|u1",
+                                         "data": (ptr, False), "strides": None, "version": 3}
+
+
 # ---- the client -----------------------------------------------------------------------------
 
 class Lease:
@@ -158,6 +204,12 @@ class Lease:
     def tiers(self):
         L, h = _lib.lib(), self.handle
         return [L.kvc_lease_tier(h, i) for i in range(self.num_blocks)]
+
+    def block_ids(self, tier):
+        """Slot numbers of the hit blocks in tier's mapped pool (kvc_lease_block_id), -1 for a
+        block not there (as of the lookup or the last wait: wait after a prefetch)."""
+        L, c, h = _lib.lib(), self._c.handle, self.handle
+        return [L.kvc_lease_block_id(c, h, i, tier) for i in range(self.num_blocks)]
 
     def block_view(self, i):
         """A read-only memoryview of hit block i in the mapped L2 pool (no copy), or None when
@@ -243,8 +295,34 @@ class Client:
             raise InvalidArgument(-1, "client closed")
         return self._h
 
+    @property
+    def has_l1(self):
+        """True when the daemon's GPU pool (L1) is mapped in this process (an attached client,
+        a libkvclient built with CUDA, the pool's device visible here)."""
+        return bool(_newer("kvc_has_l1")(self.handle))
+
+    def l1_pool(self):
+        """The mapped L1 pool as a torch uint8 CUDA tensor [pool blocks, block_bytes] (no copy:
+        the daemon's memory, opened by CUDA IPC at connect). Slot i holds a block only while a
+        lease or allocation holds it; read it after wait(lease, TIER_L1). Valid until close()."""
+        if not self.has_l1:
+            raise Unavailable(-2, "l1_pool: the daemon's L1 pool is not mapped in this process")
+        pool = getattr(self, "_l1_pool", None)
+        if pool is None:
+            import torch
+            L = _lib.lib()
+            base = L.kvc_pool_base(self.handle, TIER_L1)
+            n = L.kvc_pool_num_blocks(self.handle, TIER_L1)
+            if not base or n <= 0:
+                raise Unavailable(-2, f"l1_pool: {L.kvc_last_error().decode()}")
+            # no device argument: torch takes the pointer's own device, never copies
+            pool = torch.as_tensor(_DeviceBytes(base, n, self.block_bytes))
+            self._l1_pool = pool
+        return pool
+
     def close(self):
         if self._h:
+            self._l1_pool = None  # the mapping ends with the client
             h, self._h = self._h, None
             _lib.lib().kvc_close(h)
 
@@ -313,6 +391,18 @@ class Client:
         del keep
         return out
 
+    def get_scatter(self, lease, first, iov):
+        """Copies hit blocks first..first+len(iov)-1 into pieces (kvc_get_scatter): iov is an
+        int64 [blocks, pieces, 2] array or tensor of (address, bytes), block b's bytes going
+        to its pieces in order. One C call for the whole batch; attached, each block is copied
+        from the mapped L2 pool straight into its pieces. The caller keeps the pieces' memory
+        alive during the call."""
+        count = int(iov.shape[0]) if hasattr(iov, "shape") else -1
+        addr, per_block, keep = _iov(iov, count)
+        _check(_newer("kvc_get_scatter")(self.handle, lease.handle, first, count, addr,
+                                         per_block), "get_scatter")
+        del keep
+
     def release(self, lease):
         lease.release()
 
@@ -332,6 +422,18 @@ class Client:
         res = PutResult()
         _check(_lib.lib().kvc_put(self.handle, ptr, n, first_block, addr, num_blocks,
                                   ctypes.byref(res)), "put")
+        del keep, tkeep
+        return res
+
+    def put_gather(self, tokens, first_block, iov):
+        """put() of len(iov) blocks kept in pieces (kvc_put_gather): iov as get_scatter's,
+        each piece copied once, straight into the request. Returns PutResult."""
+        count = int(iov.shape[0]) if hasattr(iov, "shape") else -1
+        addr, per_block, keep = _iov(iov, count)
+        ptr, n, tkeep = _tokens(tokens)
+        res = PutResult()
+        _check(_newer("kvc_put_gather")(self.handle, ptr, n, first_block, addr, per_block,
+                                        count, ctypes.byref(res)), "put_gather")
         del keep, tkeep
         return res
 

@@ -64,7 +64,7 @@ class BlockCodec:
                              f"{self.D}]")
         n = T // self.P
         if out is None:
-            out = torch.zeros(n, self.block_bytes, dtype=torch.uint8)
+            out = torch.zeros(n, self.block_bytes, dtype=torch.uint8, device=keys[0].device)
         blk = out.view(n, self.L, self.layer_bytes)
         for li in range(self.L):
             k = keys[li].reshape(n, self.P, self.H, self.D)

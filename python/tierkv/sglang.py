@@ -32,6 +32,26 @@ from .client import Client, TierKVError
 log = logging.getLogger("tierkv.sglang")
 
 
+KVC_IOV_MAX = 65536  # kvclient.h: pieces per block
+
+
+def _view_pieces(t):
+    """(byte offsets from t.data_ptr(), bytes each) of the contiguous runs of a strided tensor,
+    in row-major order: the pieces whose concatenation is t.flatten()'s bytes."""
+    dims = [(n, st) for n, st in zip(t.shape, t.stride()) if n != 1]
+    if any(st <= 0 for _, st in dims):
+        raise ValueError(f"tierkv: a view with strides {t.stride()}: not addressable")
+    run, k = 1, len(dims)
+    while k and dims[k - 1][1] == run:   # the innermost dimensions that are contiguous
+        run *= dims[k - 1][0]
+        k -= 1
+    offs = [0]
+    for n, st in dims[:k]:               # each outer index starts one run
+        offs = [o + i * st for o in offs for i in range(n)]
+    item = t.element_size()
+    return [o * item for o in offs], run * item
+
+
 def _key_words(key):
     """8 u32 words of a page key (sha256 hex, or any string: hashed)."""
     try:
@@ -94,11 +114,15 @@ class TierKVStore(HiCacheStorage):
         return self.batch_exists([key]) == 1
 
     # ---- values as tensors ----
+    def _lease_range(self, lease, first, num_keys):
+        return max(0, min(lease.num_blocks - first, num_keys))
+
     def _get_pages(self, keys, extra_info, out):
-        """Fills out [n, block_bytes] uint8 with the leading pages found; returns how many."""
+        """Fills out (contiguous [n, block_bytes] bytes) with the leading pages found; returns
+        how many."""
         chain, first = self._chain(keys, extra_info)
         with self.client.lookup(self._tokens(chain)) as lease:
-            n = max(0, min(lease.num_blocks - first, len(keys)))
+            n = self._lease_range(lease, first, len(keys))
             if n:
                 self.client.get(lease, first, n, out=out[:n])
         self.stats["get_pages"] += n
@@ -109,21 +133,47 @@ class TierKVStore(HiCacheStorage):
         if nbytes != self.block_bytes:
             raise ValueError(f"tierkv: page of {nbytes} bytes, the daemon's blocks are "
                              f"{self.block_bytes}: its geometry does not match this model")
+        if t.device.type != "cpu":
+            raise ValueError(f"tierkv: page on {t.device}: pages are host memory")
+
+    def _tensor_iov(self, tensors):
+        """The pieces of each tensor (a page, any strides) in its row-major byte order, padded
+        with empty pieces to one count: an iov for get_scatter/put_gather."""
+        per = []
+        for t in tensors:
+            self._check_page(t)
+            offs, run = _view_pieces(t)
+            per.append([(t.data_ptr() + o, run) for o in offs])
+        k = max(len(p) for p in per)
+        iov = torch.zeros(len(per), k, 2, dtype=torch.int64)
+        for b, p in enumerate(per):
+            iov[b, :len(p)] = torch.tensor(p, dtype=torch.int64)
+        return iov
 
     def get(self, key, target_location=None, target_sizes=None):
-        buf = torch.empty(1, self.block_bytes, dtype=torch.uint8)
+        # the page goes straight into target_location (pieces, whatever its strides), or into
+        # the tensor returned
+        if target_location is None:
+            out = torch.empty(1, self.block_bytes, dtype=torch.uint8)
+            dst = None
+        else:
+            out = target_location
+            dst = self._tensor_iov([target_location])
         try:
-            if self._get_pages([key], None, buf) != 1:
-                return None
+            chain, first = self._chain([key], None)
+            with self.client.lookup(self._tokens(chain)) as lease:
+                if self._lease_range(lease, first, 1) != 1:
+                    return None
+                if dst is None:
+                    self.client.get(lease, first, 1, out=out)
+                else:
+                    self.client.get_scatter(lease, first, dst)
+            self.stats["get_pages"] += 1
         except TierKVError as e:
             self.stats["errors"] += 1
             log.warning("tierkv: get failed, a miss: %s", e)
             return None
-        if target_location is not None:
-            self._check_page(target_location)
-            target_location.view(-1).view(torch.uint8).copy_(buf[0])
-            return target_location
-        return buf[0]
+        return out[0] if target_location is None else target_location
 
     def batch_get(self, keys, target_locations=None, target_sizes=None):
         return [self.get(k, t) for k, t in zip(keys, target_locations or [None] * len(keys))]
@@ -134,18 +184,23 @@ class TierKVStore(HiCacheStorage):
     def batch_set(self, keys, values=None, target_locations=None, target_sizes=None):
         if not keys:
             return True
-        for v in values:
-            self._check_page(v)
-        payload = torch.stack([v.contiguous().view(-1).view(torch.uint8) for v in values])
-        return self._put(keys, None, payload) == len(keys)
+        # every value's own memory, gathered into the request: no stacked copy
+        iov = self._tensor_iov(values)
+        return self._put(keys, None, iov) == len(keys)
 
-    def _put(self, keys, extra_info, payload):
+    def _put(self, keys, extra_info, iov):
         chain, first = self._chain(keys, extra_info)
-        r = self.client.put(self._tokens(chain), first, payload.contiguous(), len(keys))
+        r = self.client.put_gather(self._tokens(chain), first, iov)
         self.stats["set_pages"] += r.num_stored
         return r.num_stored + r.num_duplicate
 
     # ---- host pool pages (SGLang's HiCache path) ----
+    # A page's bytes are its flat data page (get_data_page(i, flat=True): K and V of every
+    # layer, in the order the layout's view flattens them), and the host pool is read and
+    # written in place: the page view SGLang itself takes (get_data_page(i, flat=False)) is cut
+    # into its contiguous runs (2 per page for page_first, page_first_direct and page_head: K
+    # and V; 2 x layers for layer_first), and one get_scatter / put_gather moves a batch
+    # between those runs and tierkvd (attached: straight from the mapped L2 pool).
     LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
 
     def register_mem_pool_host(self, mem_pool_host):
@@ -153,41 +208,80 @@ class TierKVStore(HiCacheStorage):
         if layout not in self.LAYOUTS:
             raise ValueError(f"tierkv: host pool layout {layout!r}: tierkv stores the flat data "
                              f"pages of {', '.join(self.LAYOUTS)} only")
-        if mem_pool_host.page_size != self.P:
-            raise ValueError(f"tierkv: page size {mem_pool_host.page_size}, the daemon's blocks "
-                             f"are {self.P} tokens")
-        super().register_mem_pool_host(mem_pool_host)
+        ps = mem_pool_host.page_size
+        if ps != self.P:
+            raise ValueError(f"tierkv: page size {ps}, the daemon's blocks are {self.P} tokens")
         if layout != self.layout:
             self._connect(layout)
-        page = mem_pool_host.get_dummy_flat_data_page()
-        self._check_page(page)
-        self.page_dtype = page.dtype
+        self._check_page(mem_pool_host.get_dummy_flat_data_page())
+        # The pieces of page 0's view, and the stride from one page to the next; every page
+        # must be the same pieces at base0 + page * stride (checked on the first, second and
+        # last pages), or this pool's pages are not what tierkv can address.
+        num_pages = mem_pool_host.size // ps
+        v0 = mem_pool_host.get_data_page(0, flat=False)
+        self._check_page(v0)
+        offs, run = _view_pieces(v0)
+        if len(offs) > KVC_IOV_MAX:
+            raise ValueError(f"tierkv: a {layout} page is {len(offs)} pieces, more than "
+                             f"{KVC_IOV_MAX}")
+        base0 = v0.data_ptr()
+        stride = (mem_pool_host.get_data_page(ps, flat=False).data_ptr() - base0
+                  if num_pages > 1 else 0)
+        for p in sorted({1, num_pages - 1}):
+            if p <= 0 or p >= num_pages:
+                continue
+            v = mem_pool_host.get_data_page(p * ps, flat=False)
+            if v.data_ptr() != base0 + p * stride or _view_pieces(v) != (offs, run):
+                raise ValueError(f"tierkv: host pool layout {layout}: page {p} is not at a "
+                                 "fixed stride from page 0 with the same pieces")
+        super().register_mem_pool_host(mem_pool_host)
+        self._num_pages = num_pages
+        self._page_base0, self._page_stride = base0, stride
+        self._piece_offs = torch.tensor(offs, dtype=torch.int64)
+        self._piece_bytes = run
+        self._host_buf = v0  # keeps the pool's storage referenced with the pointers
 
-    def _page_indices(self, host_indices):
+    def _host_iov(self, host_indices, n):
+        """The iov of the first n pages of host_indices (token indices; a page starts at every
+        page_size-th), checked to be whole pages of the registered pool."""
         ps = self.mem_pool_host.page_size
-        return [int(host_indices[i]) for i in range(0, len(host_indices), ps)]
+        idx = torch.as_tensor(host_indices).reshape(-1)[::ps][:n].to(torch.int64)
+        if idx.numel() < n:
+            raise ValueError(f"tierkv: {n} pages but host_indices holds {idx.numel()}")
+        if n and (bool((idx % ps != 0).any()) or int(idx.min()) < 0 or
+                  int(idx.max()) // ps >= self._num_pages):
+            raise ValueError(f"tierkv: host_indices {idx.tolist()} are not page starts of this "
+                             f"host pool ({self._num_pages} pages of {ps} tokens)")
+        iov = torch.empty(n, self._piece_offs.numel(), 2, dtype=torch.int64)
+        iov[:, :, 0] = (self._page_base0 + (idx // ps) * self._page_stride)[:, None] + \
+            self._piece_offs[None, :]
+        iov[:, :, 1] = self._piece_bytes
+        return iov
 
     def batch_get_v1(self, keys, host_indices, extra_info=None):
         if self.mem_pool_host is None:
             raise RuntimeError("tierkv: batch_get_v1 before register_mem_pool_host")
-        buf = torch.empty(len(keys), self.block_bytes, dtype=torch.uint8)
+        iov = self._host_iov(host_indices, len(keys))
+        n = 0
         try:
-            n = self._get_pages(keys, extra_info, buf)
+            chain, first = self._chain(keys, extra_info)
+            with self.client.lookup(self._tokens(chain)) as lease:
+                n = self._lease_range(lease, first, len(keys))
+                if n:
+                    self.client.get_scatter(lease, first, iov[:n])
+            self.stats["get_pages"] += n
         except TierKVError as e:
             self.stats["errors"] += 1
             log.warning("tierkv: get failed, pages recomputed: %s", e)
             n = 0
-        for i, idx in enumerate(self._page_indices(host_indices)[:n]):
-            self.mem_pool_host.set_from_flat_data_page(idx, buf[i].view(self.page_dtype))
         return [i < n for i in range(len(keys))]
 
     def batch_set_v1(self, keys, host_indices, extra_info=None):
         if self.mem_pool_host is None:
             raise RuntimeError("tierkv: batch_set_v1 before register_mem_pool_host")
-        pages = [self.mem_pool_host.get_data_page(idx, flat=True).view(torch.uint8)
-                 for idx in self._page_indices(host_indices)[:len(keys)]]
+        iov = self._host_iov(host_indices, len(keys))
         try:
-            ok = self._put(keys, extra_info, torch.stack(pages)) == len(keys)
+            ok = self._put(keys, extra_info, iov) == len(keys)
         except TierKVError as e:
             self.stats["errors"] += 1
             log.warning("tierkv: put failed: %s", e)

@@ -25,7 +25,7 @@ if [ -s "$tmp/foreign" ]; then
     head -20 "$tmp/foreign"
 fi
 for s in kvc_connect kvc_store kvc_store_params_init kvc_attend kvc_attend_args_init \
-         kvc_plan_create kvc_pool_layout kvc_merge; do
+         kvc_plan_create kvc_pool_layout kvc_merge kvc_get_scatter kvc_put_gather; do
     grep -Eq " $s(@|\$)" "$tmp/syms" || fail "libkvclient.so does not export $s"
 done
 n=$(grep -c ' kvc_' "$tmp/syms")
@@ -41,7 +41,8 @@ int main(void)
     kvc_attend_args a;
     kvc_layout l;
     kvc_plan *plan = 0;
-    (void)p; (void)a; (void)l; (void)plan;
+    kvc_iov v[2] = {{0, 0}, {0, KVC_IOV_MAX}};
+    (void)p; (void)a; (void)l; (void)plan; (void)v;
     return KVC_DTYPE_BF16 + KVC_ROPE_GPTJ + KVC_NORM_AFTER_ROPE + KVC_SCALE_PER_TOKEN_HEAD - 5;
 }
 C
@@ -74,6 +75,9 @@ int main(void)
     CHECK(kvc_store(NULL, KVC_TIER_L2, &p, NULL) == KVC_EINVAL);
     CHECK(kvc_attend(NULL, KVC_TIER_L2, &a, NULL, NULL) == KVC_EINVAL);
     CHECK(kvc_plan_create(NULL, 1, 1, 1, NULL) == KVC_EINVAL);
+    kvc_iov v = {0, 0};
+    CHECK(kvc_get_scatter(NULL, NULL, 0, 1, &v, 1) == KVC_EINVAL);
+    CHECK(kvc_put_gather(NULL, NULL, 0, 0, &v, 1, 1, NULL) == KVC_EINVAL);
     CHECK(strcmp(kvc_strerror(KVC_OK), "ok") == 0);
     return 0;
 }

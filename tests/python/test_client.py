@@ -1,5 +1,6 @@
 """test_client.py - the tierkv package over libkvclient against a real tierkvd: lookup, put,
-get (bytes, numpy, torch, and the mapped pool's view), alloc/write/commit, prefetch/wait,
+get (bytes, numpy, torch, and the mapped pool's view), put_gather / get_scatter of blocks in
+pieces (and bad pieces refused), alloc/write/commit, prefetch/wait,
 stats; the Python key chain equals the daemon's; errors carry the daemon's message.
 """
 import os
@@ -49,6 +50,39 @@ def run():
                 check(False, "short destination accepted")
             except tierkv.InvalidArgument as e:
                 print(f"  ok  short destination: {e}")
+        # blocks in pieces: a numpy "pool" of [K/V][block][half] runs, 4 pieces a block
+        import numpy as np
+        half = BB // 4
+        pool = np.frombuffer(payload, dtype=np.uint8).reshape(4, 4, half).transpose(1, 0, 2)
+        pool = np.ascontiguousarray(pool)            # piece j of block b at pool[j, b]
+        base = pool.ctypes.data
+        iov = np.array([[[base + (j * 4 + b) * half, half] for j in range(4)] for b in range(4)],
+                       dtype=np.int64)
+        toks2 = [x ^ 1 for x in toks]
+        r = c.put_gather(toks2, 0, iov)
+        check((r.num_stored, r.num_duplicate) == (4, 0), "put_gather")
+        dst = np.zeros_like(pool)
+        iov2 = iov.copy()
+        iov2[:, :, 0] += dst.ctypes.data - base
+        with c.lookup(toks2) as l:
+            check(l.num_blocks == 4 and bytes(c.get(l)) == payload, "put_gather stored other bytes")
+            c.get_scatter(l, 1, iov2[1:])
+            check(not dst[:, 0].any() and dst[:, 1:].tobytes() == pool[:, 1:].tobytes(),
+                  "get_scatter differs")
+            bad = iov2[1:].copy()
+            bad[0, 3, 1] -= 1
+            try:
+                c.get_scatter(l, 1, bad)
+                check(False, "a short piece accepted")
+            except tierkv.InvalidArgument as e:
+                check("block 0" in str(e), f"unclear: {e}")
+                print(f"  ok  bad piece: {e}")
+            for wrong in (iov2[1:, :, :1], iov2[1:].astype(np.int32), list(iov2[1:])):
+                try:
+                    c.get_scatter(l, 1, wrong)
+                    check(False, "a malformed iov accepted")
+                except tierkv.InvalidArgument:
+                    pass
         # several prompts in one lookup call: this one, a prefix of it, and a cold one
         ls = c.lookup_batch([toks, toks[:2 * P + 3], [7] * (3 * P)])
         check([l.num_blocks for l in ls] == [4, 2, 0], f"lookup_batch {[l.num_blocks for l in ls]}")
