@@ -53,10 +53,28 @@ int dec_fit_warps(size_t smem, int optin, int want)
     return w < 1 ? 1 : w;
 }
 
-/* FP8 Q over FP8 KV with up to 16 rows (32 at D <= 128) runs the warp-worker kernel; every
- * other combination the CTA kernel with 4 warps (8 past 64 rows). */
+/* The warpgroup kernel's rows: q_len 2..8 of a GQA group of 8 (16..64 rows) and the other
+ * row counts between, measured against the warp-worker and CTA kernels on an H200
+ * (docs/perf.md, decode). */
+bool dec_wg_wanted(int rows, int which)
+{
+    if (which == TKVK__DEC_WG)
+        return true;
+    if (which != TKVK__DEC_AUTO)
+        return false;
+    return rows > 8 && rows <= 64;
+}
+
+/* FP8 Q over FP8 KV at D 128 with 9..64 rows runs the warpgroup kernel where dec_wg_wanted();
+ * else with up to 16 rows (32 at D <= 128) the warp-worker kernel; every other combination
+ * the CTA kernel with 4 warps (8 past 64 rows). */
 AttendVariant pick_variant(int head_dim, bool fp8, int rows, bool q8, int which)
 {
+    if (fp8 && q8 && head_dim == 128 && rows > 8 && dec_wg_wanted(rows, which)) {
+        AttendVariant v = dec_wg_variant(head_dim, rows);
+        if (v.fn)
+            return v;
+    }
     if (fp8 && q8 && which != TKVK__DEC_CTA && (rows <= 16 || (rows <= 32 && head_dim <= 128))) {
         AttendVariant v = dec_warp_variant(head_dim, rows, which);
         if (v.fn)
@@ -95,7 +113,7 @@ static int dec_set_smem_limits_now(void)
     if (rc)
         return rc;
     TKVK_CUDA_TRY(dec_plan_set_smem(optin));
-    for (int which = TKVK__DEC_AUTO; which <= TKVK__DEC_WARP_M16; which++)
+    for (int which = TKVK__DEC_AUTO; which <= TKVK__DEC_LAST; which++)
         for (int i = 0; i < 3; i++)
             for (int f = 0; f < 2; f++)
                 for (int ri = 0; ri < 5; ri++)
