@@ -8,7 +8,9 @@
  *
  * Method: one attention call (attention + combine; the plan computed before) captured in a
  * CUDA graph; 5 warm-up replays; 50 replays, each between its own pair of CUDA events; the
- * median. Dynamic, static and HPC-Ops take turns in five blocks of 5 warm-up and 10 timed replays each
+ * median. Dynamic, static, HPC-Ops and (past 32 rows) the launcher's choice without the
+ * warpgroup kernel (old_us: the CTA kernel, its own plan) take turns in five blocks of 5 warm-up
+ * and 10 timed replays each
  * (a clock drift favours neither; each block replays one graph, as the method has it).
  * Again with L2 flushed (a 256 MiB memset between replays, outside the events). The plan
  * alone and plan + attention + combine are timed the same way. hbm_fraction = KV bytes /
@@ -256,7 +258,7 @@ struct Row {
     double cta;          /* dynamic through the CTA kernel (the warp-worker kernel off) */
     double m16;          /* at most 8 rows: the warp-worker kernel with rows on the mma's M side */
     double one;          /* 17..32 rows: the warp-worker kernel with one warp per worker */
-    double old;          /* past 8 rows: the launcher's choice without the warpgroup kernel */
+    double old;          /* past 32 rows: the launcher's choice without the warpgroup kernel */
     double sweep_us[4];  /* dynamic at each of sweep_values() */
     double sweep_static_us[4]; /* --combine: static at each of them (side by side), else -1 */
     int splits;
@@ -460,13 +462,13 @@ static Row run(const BenchCase &bc, int hq, int hkv, int q_len, cudaStream_t s)
         }
     }
 #endif
-    /* past 8 rows: the launcher's choice without the warpgroup kernel (its own plan), timed in
-     * the same turns as the rest */
+    /* past 32 rows: the launcher's choice without the warpgroup kernel (the CTA kernel, its own
+     * plan), timed in the same turns as the rest */
     tkvk_decode_plan *old_plan = nullptr;
     cudaGraphExec_t old_exec = nullptr;
     uint16_t *d_out4 = nullptr;
     row.old = -1;
-    if ((hq / hkv) * q_len > 8) {
+    if ((hq / hkv) * q_len > 32) {
         tkvk__decode_kernel(TKVK__DEC_LEGACY);
         TK(tkvk_decode_plan_create(&old_plan, nreq, hkv, (hq / hkv) * q_len, D));
         TK(tkvk_decode_plan_cuda(old_plan, d_lens, nreq, s));

@@ -53,16 +53,16 @@ int dec_fit_warps(size_t smem, int optin, int want)
     return w < 1 ? 1 : w;
 }
 
-/* The warpgroup kernel's rows: q_len 2..8 of a GQA group of 8 (16..64 rows) and the other
- * row counts between, measured against the warp-worker and CTA kernels on an H200
- * (docs/perf.md, decode). */
+/* The warpgroup kernel's rows in the launcher's choice: 33..64 (q_len 5..8 at group 8), where
+ * it replaces the CTA kernel; at 9..32 the warp-worker kernel was as fast or faster on most
+ * cases (H200, docs/perf.md, decode). */
 bool dec_wg_wanted(int rows, int which)
 {
     if (which == TKVK__DEC_WG)
         return true;
     if (which != TKVK__DEC_AUTO)
         return false;
-    return rows > 8 && rows <= 64;
+    return rows > 32 && rows <= 64;
 }
 
 /* FP8 Q over FP8 KV at D 128 with 9..64 rows runs the warpgroup kernel where dec_wg_wanted();

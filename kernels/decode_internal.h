@@ -125,7 +125,8 @@ int tkvk__decode_check_host(const tkvk_decode_args *a, const char *who);
  *   WARP_ONE  for 17..32 rows, one warp per worker of the warp-worker kernel, with both
  *          m-tiles of 16 rows, instead of two warps of one m-tile each
  *   LEGACY the launcher's choice without the warpgroup kernel (what it was before it)
- *   WG     the warpgroup kernel wherever it applies (FP8 Q over FP8 KV, D 128, 9..64 rows) */
+ *   WG     the warpgroup kernel wherever it applies (FP8 Q over FP8 KV, D 128, 9..64 rows;
+ *          the launcher's choice takes it for 33..64) */
 enum {
     TKVK__DEC_AUTO = 0,
     TKVK__DEC_CTA = 1,

@@ -1,23 +1,29 @@
 /* decode_wg.cu - the warpgroup kernel of decode attention: FP8 Q over FP8 KV at head dim 128
- * with 9..64 rows a pair (a GQA group of 8 at q_len 2..8: MTP and speculative verify). A CTA is
- * one warpgroup (4 warps) that drains its bin of 64-token tiles through the CTA kernel's
- * cp.async ring (the same loader and the same partials by task); the products run on wgmma:
- *   scores  S^T = K Q^T: m64nNk32 e4m3, A = the K tile, B = Q (N = rows padded to 16, 32 or
- *           64), both straight from shared memory, no conversion; the fp8 accumulator-free
- *           half of the work of the mma.sync kernels, which convert K to f16 first.
- *   P.V     O^T = V^T P^T: m64nNk16 f16, A = V^T from registers (V converted to f16, exact, in
- *           pairs of tokens), B = P^T (f16) in shared memory; two m64 blocks for D = 128.
+ * with up to 64 rows a pair; the launcher runs it for 33..64 (q_len 5..8 of a GQA group of 8:
+ * MTP and speculative verify), where it replaces the CTA kernel (dec_wg_wanted, decode.cu). A
+ * CTA is one warpgroup (4 warps) that drains its bin of 64-token tiles through the CTA kernel's
+ * cp.async ring (the same loader, the same partials by task); the products run on wgmma with
+ * the query rows on the N side (16, 32, 48 or 64: the rows padded to 16), so no product
+ * carries more than 15 padding rows:
+ *   scores  S^T = K Q^T: m64nNk16 f16, A = the K tile from registers (converted from e4m3,
+ *           exact), B = Q as f16 in shared memory. (The e4m3 wgmma was tried: its accumulation
+ *           truncates, which biased the LSE past the test's 2e-3; docs/perf.md.)
+ *   P.V     O^T = V^T P^T: m64nNk16 f16, A = V^T from registers (V converted in pairs of
+ *           tokens), B = P^T (f16) in shared memory; two m64 blocks for D = 128.
  * The softmax is per column (a query row) of S^T: a column's 64 tokens lie in the 8 lanes of a
  * quad position and the 4 warps, so its tile maximum goes through shared memory (one barrier);
  * the running sum stays per thread until the end of the task.
- * Layouts (all K-major, 128-byte rows, 128-byte swizzle, 8-row groups 1024 bytes apart):
+ * Layouts in shared memory:
  *   K tile  token t = 16a + 2b + h at row 16a + b + 8h, so that the accumulator rows g, g + 8
- *           of a lane are the consecutive tokens 2g, 2g + 1: its P^T pair is one 32-bit store.
- *   Q       rows 0..N-1 (zeros past the pair's rows).
- *   P^T     row n: the tile's 64 tokens as f16 (128 bytes).
- *   V       not read by the tensor cores: token rows in order, 16-byte chunk j of row t at
- *           j ^ 2 ((t >> 1) & 3), so a lane's 32-bit reads (4 dims of tokens 2c, 2c+1, 2c+8,
- *           2c+9) hit 32 distinct banks a warp.
+ *           of a lane are the consecutive tokens 2g, 2g + 1 (its P^T pair is one 32-bit
+ *           store); 16-byte chunk j of row r at j ^ (r & 1). The k order of the products is
+ *           permuted (a dot product does not care): k16 step s, k-slots 2c, 2c+1, 2c+8, 2c+9
+ *           of lane quad position c are dims 32c + 4s .. + 3, so a lane's K is two 16-byte
+ *           reads a row and Q is stored in the same order.
+ *   Q, P^T  K-major operands of 128-byte rows, 128-byte swizzle, 8-row groups 1024 bytes
+ *           apart: Q as two tiles (k 0..63, 64..127) of N rows, P^T one (the tile's 64 tokens).
+ *   V       token rows in order, chunk j of row t at j ^ 2 ((t >> 1) & 3), so a lane's 32-bit
+ *           reads (4 dims of tokens 2c, 2c+1, 2c+8, 2c+9) hit 32 distinct banks a warp.
  * O^T row 16w + g + 8hh of m64 block b is head dim 4 (8w + g) + 2b + hh: a lane ends with 4
  * consecutive dims of each of its columns (one float4 store). docs/design.md, decode,
  * "Warpgroup kernel". */
@@ -26,16 +32,8 @@
 namespace tkvk_dec {
 namespace {
 
-/* d (+)= a * b: m64nNk32 e4m3 (A, B shared-memory descriptors) and m64nNk16 f16 (A in
- * registers), f32 accumulate, for N = 16, 32, 64. */
-__device__ __forceinline__ void wg_e4m3_ss(float (&d)[8], uint64_t da, uint64_t db)
-{
-    asm volatile("{ .reg .pred p; setp.ne.b32 p, %10, 0; "
-                 "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
-                 "{%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1; }"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-                 : "l"(da), "l"(db), "r"(1));
-}
+/* d += a * b: m64nNk16, f16 operands (A in registers, B a shared-memory descriptor), f32
+ * accumulate, for N = 16, 32, 48, 64. */
 __device__ __forceinline__ void wg_f16_rs(float (&d)[8], const uint32_t (&a)[4], uint64_t db)
 {
     asm volatile("{ .reg .pred p; setp.ne.b32 p, %13, 0; "
@@ -43,14 +41,6 @@ __device__ __forceinline__ void wg_f16_rs(float (&d)[8], const uint32_t (&a)[4],
                  "{%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, 0; }"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-}
-__device__ __forceinline__ void wg_e4m3_ss(float (&d)[16], uint64_t da, uint64_t db)
-{
-    asm volatile("{ .reg .pred p; setp.ne.b32 p, %18, 0; "
-                 "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
-                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1; }"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-                 : "l"(da), "l"(db), "r"(1));
 }
 __device__ __forceinline__ void wg_f16_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t db)
 {
@@ -60,13 +50,13 @@ __device__ __forceinline__ void wg_f16_rs(float (&d)[16], const uint32_t (&a)[4]
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
-__device__ __forceinline__ void wg_e4m3_ss(float (&d)[32], uint64_t da, uint64_t db)
+__device__ __forceinline__ void wg_f16_rs(float (&d)[24], const uint32_t (&a)[4], uint64_t db)
 {
-    asm volatile("{ .reg .pred p; setp.ne.b32 p, %34, 0; "
-                 "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
-                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1; }"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "l"(da), "l"(db), "r"(1));
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %29, 0; "
+                 "wgmma.mma_async.sync.aligned.m64n48k16.f32.f16.f16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23}, {%24,%25,%26,%27}, %28, p, 1, 1, 0; }"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 __device__ __forceinline__ void wg_f16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db)
 {
@@ -76,7 +66,6 @@ __device__ __forceinline__ void wg_f16_rs(float (&d)[32], const uint32_t (&a)[4]
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
-
 
 __device__ __forceinline__ void wg_fence()
 {
@@ -98,7 +87,7 @@ template <int K> __device__ __forceinline__ void reg_fence(float (&d)[K])
     for (int i = 0; i < K; i++)
         asm volatile("" : "+f"(d[i])::"memory");
 }
-/* Ordinary shared-memory writes (st.shared, cp.async) made visible to the tensor cores. */
+/* Ordinary shared-memory stores made visible to the tensor cores (Q, P^T). */
 __device__ __forceinline__ void fence_async_smem()
 {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -109,15 +98,17 @@ __device__ __forceinline__ uint32_t lds32(uint32_t a)
     asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(a));
     return v;
 }
+__device__ __forceinline__ uint4 lds128a(uint32_t a)
+{
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(a));
+    return v;
+}
 __device__ __forceinline__ void sts32(uint32_t a, uint32_t v)
 {
     asm volatile("st.shared.u32 [%0], %1;" ::"r"(a), "r"(v) : "memory");
-}
-__device__ __forceinline__ void sts128(uint32_t a, uint4 v)
-{
-    asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(a), "r"(v.x), "r"(v.y), "r"(v.z),
-                 "r"(v.w)
-                 : "memory");
 }
 
 /* Byte offset of byte `byte` of row r in a 128-byte-swizzled tile (1024-aligned). */
@@ -146,12 +137,15 @@ template <int N> struct WgAttend {
     static constexpr int kTile = S::kTileBytes; /* 64 tokens x 128 bytes */
     static constexpr int kNR = N / 2;           /* accumulator floats of one m64 block */
     static constexpr int kNC = N / 4;           /* columns (query rows) a thread holds */
+    static constexpr int kQTile = N * 128;      /* one of Q's two f16 tiles */
     static constexpr int kOffK = 0, kOffV = kStages * kTile, kOffQ = 2 * kStages * kTile;
-    static constexpr int kOffP = kOffQ + N * 128, kOffKs = kOffP + N * 128;
-    static constexpr int kOffMax = kOffKs + kStages * kTileTokens * 4, kOffL = kOffMax + 4 * N * 4;
-    static constexpr int kEnd = kOffL + 4 * N * 4;
+    static constexpr int kOffP = kOffQ + 2 * kQTile, kOffKs = kOffP + N * 128;
+    static constexpr int kOffMax = kOffKs + kStages * kTileTokens * 4;
+    static constexpr int kOffL = kOffMax + 4 * N * 4, kOffMul = kOffL + 4 * N * 4;
+    static constexpr int kOffLim = kOffMul + N * 4, kEnd = kOffLim + N * 4;
     static_assert(L::kThreads == 128 && L::kRowsPerThread == 4, "one warpgroup, 4 rows a thread");
-    static_assert(kOffQ % 1024 == 0 && kOffP % 1024 == 0, "operand tiles 1024-aligned");
+    static_assert(kOffQ % 1024 == 0 && kQTile % 1024 == 0 && kOffP % 1024 == 0,
+                  "operand tiles 1024-aligned");
 
     /* + 1024: the base is aligned up to 1024 bytes at run time */
     static constexpr size_t smem_bytes() { return (size_t)kEnd + 1024; }
@@ -166,10 +160,12 @@ template <int N> struct WgAttend {
         float *sKs = reinterpret_cast<float *>(sm + kOffKs);
         float *sMax = reinterpret_cast<float *>(sm + kOffMax);
         float *sL = reinterpret_cast<float *>(sm + kOffL);
+        float *sMul = reinterpret_cast<float *>(sm + kOffMul);
+        int *sLim = reinterpret_cast<int *>(sm + kOffLim);
 
         const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, c = lane & 3;
         const int R = p.rows;
-        const int q4 = 8 * w + g; /* this thread's head dims are 4 q4 .. 4 q4 + 3 */
+        const int q4 = 8 * w + g; /* this thread's head dims of O are 4 q4 .. 4 q4 + 3 */
 
         const int first_task = p.bin_first[blockIdx.x];
         const int num_tasks = p.bin_first[blockIdx.x + 1] - first_task;
@@ -200,7 +196,7 @@ template <int N> struct WgAttend {
         for (int k = 0; k < 4; k++) {
             const int t = tid / 8 + 16 * k, j = tid % 8;
             const int sr = (t & ~15) + ((t & 15) >> 1) + 8 * (t & 1);
-            dst_k[k] = sw128(sr, j * 16);
+            dst_k[k] = (uint32_t)(sr * 128 + ((j ^ (sr & 1)) << 4));
             dst_v[k] = (uint32_t)(t * 128 + ((j ^ (2 * ((t >> 1) & 3))) << 4));
         }
         if (n_tiles > 0) {
@@ -229,8 +225,8 @@ template <int N> struct WgAttend {
         }
 
         float o[2][kNR];
-        float m_run[kNC], l_run[kNC], rowmul[kNC];
-        int lim[kNC], lim_min = 0;
+        float m_run[kNC], l_run[kNC];
+        int lim_min = 0;
         float v_mul = 1.0f;
 
         int cc_task = 0;
@@ -240,7 +236,6 @@ template <int N> struct WgAttend {
 
         for (int i = 0; i < n_tiles; i++) {
             cp_async_wait<kStages - 2>();
-            fence_async_smem(); /* this thread's copies, for the tensor cores */
             __syncthreads();
             if (i + kStages - 1 < n_tiles)
                 load_next((i + kStages - 1) % kStages);
@@ -248,29 +243,36 @@ template <int N> struct WgAttend {
             const int st = i % kStages;
 
             if (cc_tile == tk.z) {
-                /* ---- start of a task: Q into shared memory, state reset ---- */
+                /* ---- start of a task: Q (f16, k order permuted) and the columns' score
+                 * multipliers and causal limits into shared memory, state reset ---- */
                 const int req = tk.x, kvh = tk.y;
                 const uint8_t *qb = static_cast<const uint8_t *>(p.q);
-                for (int idx = tid; idx < N * 8; idx += 128) {
-                    const int r = idx >> 3, j = idx & 7;
-                    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-                    if (r < R)
-                        v = *reinterpret_cast<const uint4 *>(qb + row_index(p, req, kvh, r) * D +
-                                                             16 * j);
-                    sts128(sQ + sw128(r, 16 * j), v);
+                for (int idx = tid; idx < N * 32; idx += 128) {
+                    /* word m (dims 4m..4m+3) of row n: step s = m & 7 of quad position
+                     * c' = m >> 3, k-slots 2c', 2c'+1 (lo) and 2c'+8, 2c'+9 (hi) */
+                    const int n = idx >> 5, m = idx & 31, s = m & 7, cq = m >> 3;
+                    uint32_t wv = 0u;
+                    if (n < R)
+                        wv = *reinterpret_cast<const uint32_t *>(
+                            qb + row_index(p, req, kvh, n) * D + 4 * m);
+                    uint32_t lo, hi;
+                    e4m3x4_to_f16x2(wv, lo, hi);
+                    const uint32_t t = sQ + (s >> 2) * kQTile;
+                    sts32(t + sw128(n, 32 * (s & 3) + 4 * cq), lo);
+                    sts32(t + sw128(n, 32 * (s & 3) + 4 * cq + 16), hi);
                 }
                 const float kmul = p.per_token_head ? 1.0f : p.k_scale;
+                for (int n = tid; n < N; n += 128) {
+                    const bool valid = n < R;
+                    sLim[n] = valid ? len - p.q_len + n / p.group + 1 : 0x7fffffff;
+                    sMul[n] = valid ? p.score_scale * p.q_scales[row_index(p, req, kvh, n)] * kmul
+                                    : 0.0f;
+                }
                 v_mul = p.per_token_head ? p.v_head_scales[kvh] : p.v_scale;
-                lim_min = 0x7fffffff;
+                /* the smallest limit of the pair's rows: its last row's is the largest */
+                lim_min = len - p.q_len + 1;
 #pragma unroll
                 for (int k = 0; k < kNC; k++) {
-                    const int n = 8 * (k >> 1) + 2 * c + (k & 1);
-                    const bool valid = n < R;
-                    lim[k] = valid ? len - p.q_len + n / p.group + 1 : 0x7fffffff;
-                    lim_min = min(lim_min, lim[k]);
-                    rowmul[k] = valid ? p.score_scale *
-                                            p.q_scales[row_index(p, req, kvh, n)] * kmul
-                                      : 0.0f;
                     m_run[k] = -INFINITY;
                     l_run[k] = 0.0f;
                 }
@@ -283,15 +285,38 @@ template <int N> struct WgAttend {
                 __syncthreads();
             }
 
+            /* ---- K fragments: smem rows 16w + g (+ 8), dims 32c .. 32c + 31 ---- */
+            uint4 kw[2][2];
+            {
+                const uint32_t kst = sK + st * kTile;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int sr = 16 * w + g + 8 * h;
+#pragma unroll
+                    for (int x = 0; x < 2; x++)
+                        kw[h][x] = lds128a(kst + sr * 128 + (((2 * c + x) ^ (sr & 1)) << 4));
+                }
+            }
             /* ---- S^T = K Q^T on the tensor cores ---- */
             float sc[kNR];
 #pragma unroll
             for (int e = 0; e < kNR; e++)
                 sc[e] = 0.0f;
+            /* all of the A fragments first: a register written between two products would
+             * make the compiler fence every product */
+            uint32_t ka[D / 16][4];
+#pragma unroll
+            for (int s = 0; s < D / 16; s++) {
+                const int x = s >> 2, u = s & 3;
+                const uint32_t w0 = u == 0 ? kw[0][x].x : u == 1 ? kw[0][x].y : u == 2 ? kw[0][x].z : kw[0][x].w;
+                const uint32_t w1 = u == 0 ? kw[1][x].x : u == 1 ? kw[1][x].y : u == 2 ? kw[1][x].z : kw[1][x].w;
+                e4m3x4_to_f16x2(w0, ka[s][0], ka[s][2]);
+                e4m3x4_to_f16x2(w1, ka[s][1], ka[s][3]);
+            }
             wg_fence();
 #pragma unroll
-            for (int ks = 0; ks < D / 32; ks++)
-                wg_e4m3_ss(sc, wg_desc(sK + st * kTile + 32 * ks), wg_desc(sQ + 32 * ks));
+            for (int s = 0; s < D / 16; s++)
+                wg_f16_rs(sc, ka[s], wg_desc(sQ + (s >> 2) * kQTile + 32 * (s & 3)));
             wg_commit();
 
             /* V^T fragments while the products run: tokens 16 ks + 2c, +1, +8, +9, dims 4 q4.. */
@@ -330,11 +355,14 @@ template <int N> struct WgAttend {
             float mx[kNC];
 #pragma unroll
             for (int k = 0; k < kNC; k++) {
+                const int n = 8 * (k >> 1) + 2 * c + (k & 1);
                 const int i0 = 4 * (k >> 1) + (k & 1), i1 = i0 + 2;
-                float v0 = sc[i0] * rowmul[k] * ks0, v1 = sc[i1] * rowmul[k] * ks1;
+                const float mul = sMul[n];
+                float v0 = sc[i0] * mul * ks0, v1 = sc[i1] * mul * ks1;
                 if (need_mask) {
-                    v0 = pos0 < lim[k] ? v0 : -INFINITY;
-                    v1 = pos0 + 1 < lim[k] ? v1 : -INFINITY;
+                    const int lim = sLim[n];
+                    v0 = pos0 < lim ? v0 : -INFINITY;
+                    v1 = pos0 + 1 < lim ? v1 : -INFINITY;
                 }
                 sc[i0] = v0;
                 sc[i1] = v1;
@@ -356,7 +384,8 @@ template <int N> struct WgAttend {
 #pragma unroll
             for (int k = 0; k < kNC; k++) {
                 const int n = 8 * (k >> 1) + 2 * c + (k & 1);
-                const float m = fmaxf(fmaxf(sMax[n], sMax[N + n]), fmaxf(sMax[2 * N + n], sMax[3 * N + n]));
+                const float m = fmaxf(fmaxf(sMax[n], sMax[N + n]),
+                                      fmaxf(sMax[2 * N + n], sMax[3 * N + n]));
                 const float m_new = fmaxf(m_run[k], m);
                 const float m_use = m_new == -INFINITY ? 0.0f : m_new;
                 alpha[k] = fast_exp2(m_run[k] - m_use);
@@ -455,6 +484,8 @@ AttendVariant dec_wg_variant(int head_dim, int rows)
         return wg_variant<16>();
     if (rows <= 32)
         return wg_variant<32>();
+    if (rows <= 48)
+        return wg_variant<48>();
     if (rows <= 64)
         return wg_variant<64>();
     return AttendVariant{nullptr, 0, 0};
