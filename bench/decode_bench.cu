@@ -8,9 +8,8 @@
  *
  * Method: one attention call (attention + combine; the plan computed before) captured in a
  * CUDA graph; 5 warm-up replays; 50 replays, each between its own pair of CUDA events; the
- * median. Dynamic, static, HPC-Ops and (past 32 rows) the launcher's choice without the
- * warpgroup kernel (old_us: the CTA kernel, its own plan) take turns in five blocks of 5 warm-up
- * and 10 timed replays each
+ * median. Dynamic, static, HPC-Ops and (past 8 rows) the warpgroup kernel (wg_us, its own
+ * plan: TKVK__DEC_WG) take turns in five blocks of 5 warm-up and 10 timed replays each
  * (a clock drift favours neither; each block replays one graph, as the method has it).
  * Again with L2 flushed (a 256 MiB memset between replays, outside the events). The plan
  * alone and plan + attention + combine are timed the same way. hbm_fraction = KV bytes /
@@ -258,7 +257,7 @@ struct Row {
     double cta;          /* dynamic through the CTA kernel (the warp-worker kernel off) */
     double m16;          /* at most 8 rows: the warp-worker kernel with rows on the mma's M side */
     double one;          /* 17..32 rows: the warp-worker kernel with one warp per worker */
-    double old;          /* past 32 rows: the launcher's choice without the warpgroup kernel */
+    double wg;           /* past 8 rows: the warpgroup kernel (TKVK__DEC_WG), its own plan */
     double sweep_us[4];  /* dynamic at each of sweep_values() */
     double sweep_static_us[4]; /* --combine: static at each of them (side by side), else -1 */
     int splits;
@@ -462,14 +461,13 @@ static Row run(const BenchCase &bc, int hq, int hkv, int q_len, cudaStream_t s)
         }
     }
 #endif
-    /* past 32 rows: the launcher's choice without the warpgroup kernel (the CTA kernel, its own
-     * plan), timed in the same turns as the rest */
+    /* past 8 rows: the warpgroup kernel (its own plan), timed in the same turns as the rest */
     tkvk_decode_plan *old_plan = nullptr;
     cudaGraphExec_t old_exec = nullptr;
     uint16_t *d_out4 = nullptr;
-    row.old = -1;
-    if ((hq / hkv) * q_len > 32) {
-        tkvk__decode_kernel(TKVK__DEC_LEGACY);
+    row.wg = -1;
+    if ((hq / hkv) * q_len > 8) {
+        tkvk__decode_kernel(TKVK__DEC_WG);
         TK(tkvk_decode_plan_create(&old_plan, nreq, hkv, (hq / hkv) * q_len, D));
         TK(tkvk_decode_plan_cuda(old_plan, d_lens, nreq, s));
         CK(cudaStreamSynchronize(s));
@@ -483,7 +481,7 @@ static Row run(const BenchCase &bc, int hq, int hkv, int q_len, cudaStream_t s)
         CK(cudaGraphDestroy(g));
         tkvk__decode_kernel(TKVK__DEC_AUTO);
     }
-    /* dynamic, static, HPC-Ops and the old choice side by side, block by block */
+    /* dynamic, static, HPC-Ops and the warpgroup kernel side by side, block by block */
     cudaGraphExec_t trio[4] = {dyn_exec, stat_exec, nullptr, nullptr};
     int ntrio = 2, at_hpc = -1, at_old = -1;
     if (hpc_exec) {
@@ -501,7 +499,7 @@ static Row run(const BenchCase &bc, int hq, int hkv, int q_len, cudaStream_t s)
     if (at_hpc >= 0)
         row.hpc = t[at_hpc];
     if (at_old >= 0) {
-        row.old = t[at_old];
+        row.wg = t[at_old];
         CK(cudaGraphExecDestroy(old_exec));
         tkvk_decode_plan_destroy(old_plan);
         cudaFree(d_out4);
@@ -732,8 +730,8 @@ int main(int argc, char **argv)
             "%-20s %5s %2s %8s %8s %8s %8s %8s %5s %5s %6s %8s %6s %7s %6s %6s %8s %8s %6s %8s %8s "
             "%8s %27s\n",
             "case", "heads", "q", "dyn_us", "stat_us", "dynL2f", "plan_us", "step_us", "hbm",
-            "hbmrd", "xstat", "hpc_us", "xhpc", "hpcdiff", "fi_us", "xfi", "maxdiff", "old_us",
-            "xold", "cta_us",
+            "hbmrd", "xstat", "hpc_us", "xhpc", "hpcdiff", "fi_us", "xfi", "maxdiff", "wg_us",
+            "xwg", "cta_us",
             "m16_us", "one_us", g_values_set ? label : kSweepLabel[g_sweep]);
     std::vector<Row> rows;
     const int heads[2][2] = {{8, 1}, {64, 8}};
@@ -760,7 +758,7 @@ int main(int argc, char **argv)
                         "%7s %6s %6s %8.1e %8.1f %6.2f %8.1f %8.1f %8.1f %6.1f/%6.1f/%6.1f/%6.1f\n",
                         r.name.c_str(), heads_s, r.q_len, r.dyn, r.stat, r.dyn_flushed, r.plan,
                         r.step, r.hbm_fraction, r.hbm_read_fraction, r.stat / r.dyn, hpc_s, xh_s,
-                        hd_s, fi_s, xfi_s, r.max_diff, r.old, r.old > 0 ? r.old / r.dyn : -1.0,
+                        hd_s, fi_s, xfi_s, r.max_diff, r.wg, r.wg > 0 ? r.wg / r.dyn : -1.0,
                         r.cta, r.m16, r.one, r.sweep_us[0],
                         r.sweep_us[1], r.sweep_us[2], r.sweep_us[3]);
                 if (g_sweep == SWEEP_COMBINE)
@@ -797,12 +795,12 @@ int main(int argc, char **argv)
                    "\"step_us\": %.2f, \"hbm_fraction\": %.3f, \"hbm_read_fraction\": %.3f, "
                    "\"copy_rate_gbs\": %.1f, \"read_rate_gbs\": %.1f, "
                    "\"dyn_vs_static_max_abs_diff\": %.3g, \"dynamic_cta_kernel_us\": %.2f, "
-                   "\"dynamic_m16_us\": %.2f, \"dynamic_one_warp_us\": %.2f, \"legacy_us\": %.2f, "
+                   "\"dynamic_m16_us\": %.2f, \"dynamic_one_warp_us\": %.2f, \"warpgroup_us\": %.2f, "
                    "\"%s\": {\"%d\": %.2f, \"%d\": %.2f, \"%d\": %.2f, \"%d\": %.2f}%s}%s\n",
                    r.name.c_str(), r.hq, r.hkv, r.q_len, r.kv_bytes, r.dyn, r.stat, hp,
                    r.hpc_diff, fi, r.dyn_flushed, r.stat_flushed, r.plan, r.step, r.hbm_fraction,
                    r.hbm_read_fraction, rate / 1e9, rrate / 1e9, r.max_diff, r.cta, r.m16, r.one,
-                   r.old, kSweepKey[g_sweep], sv[0],
+                   r.wg, kSweepKey[g_sweep], sv[0],
                    r.sweep_us[0], sv[1], r.sweep_us[1], sv[2], r.sweep_us[2], sv[3],
                    r.sweep_us[3], st, i + 1 < rows.size() ? "," : "");
         }

@@ -1,7 +1,7 @@
 /* decode_wg.cu - the warpgroup kernel of decode attention: FP8 Q over FP8 KV at head dim 128
- * with up to 64 rows a pair; the launcher runs it for 33..64 (q_len 5..8 of a GQA group of 8:
- * MTP and speculative verify), where it replaces the CTA kernel (dec_wg_wanted, decode.cu). A
- * CTA is one warpgroup (4 warps) that drains its bin of 64-token tiles through the CTA kernel's
+ * with 9..64 rows a pair (q_len 2..8 of a GQA group of 8: MTP and speculative verify), meant to
+ * replace the CTA kernel at 33..64 rows; it runs where asked for (TKVK__DEC_WG) until its timing
+ * says where it wins (dec_wg_wanted, decode.cu; docs/perf.md). A CTA is one warpgroup (4 warps) that drains its bin of 64-token tiles through the CTA kernel's
  * cp.async ring (the same loader, the same partials by task); the products run on wgmma with
  * the query rows on the N side (16, 32, 48 or 64: the rows padded to 16), so no product
  * carries more than 15 padding rows:

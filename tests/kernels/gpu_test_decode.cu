@@ -757,8 +757,8 @@ int main(void)
         run_case(c, s, i == 0);
     }
     /* 9..64 rows at head dim 128 (q_len 2..8 of a group of 8 and odd counts) through the
-     * warpgroup kernel, then the same shapes through the launcher's choice without it (the
-     * benchmark's old column): both scale modes, every page size. */
+     * warpgroup kernel (TKVK__DEC_WG: every N it pads to, 16-64), then the same shapes through
+     * the launcher's choice without it: both scale modes, every page size. */
     static const int gqw[6][2] = {{8, 2}, {8, 3}, {8, 4}, {8, 5}, {8, 8}, {3, 7}};
     for (int which = TKVK__DEC_WG; which >= TKVK__DEC_LEGACY; which--) {
         tkvk__decode_kernel(which);
