@@ -1,9 +1,10 @@
 /* decode_wg.cu - the warpgroup kernel of decode attention: FP8 Q over FP8 KV at head dim 128
  * with 9..64 rows a pair (q_len 2..8 of a GQA group of 8: MTP and speculative verify), meant to
  * replace the CTA kernel at 33..64 rows; it runs where asked for (TKVK__DEC_WG) until its timing
- * says where it wins (dec_wg_wanted, decode.cu; docs/perf.md). A CTA is one warpgroup (4 warps) that drains its bin of 64-token tiles through the CTA kernel's
- * cp.async ring (the same loader, the same partials by task); the products run on wgmma with
- * the query rows on the N side (16, 32, 48 or 64: the rows padded to 16), so no product
+ * says where it wins (dec_wg_wanted, decode.cu; docs/perf.md). A CTA is one warpgroup (4 warps)
+ * that drains its bin of 64-token tiles through the CTA kernel's cp.async ring (the same
+ * loader, the same partials by task); the products run on wgmma with the query rows on the N
+ * side (16, 32, 48 or 64: the rows padded to 16), so no product
  * carries more than 15 padding rows:
  *   scores  S^T = K Q^T: m64nNk16 f16, A = the K tile from registers (converted from e4m3,
  *           exact), B = Q as f16 in shared memory. (The e4m3 wgmma was tried: its accumulation
@@ -34,36 +35,58 @@ namespace {
 
 /* d += a * b: m64nNk16, f16 operands (A in registers, B a shared-memory descriptor), f32
  * accumulate, for N = 16, 32, 48, 64. */
-__device__ __forceinline__ void wg_f16_rs(float (&d)[8], const uint32_t (&a)[4], uint64_t db)
+__device__ __forceinline__ void wg_f16_rs(float (&d)[8], const uint32_t (&a)[4],
+                                          uint64_t db)
 {
     asm volatile("{ .reg .pred p; setp.ne.b32 p, %13, 0; "
                  "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
                  "{%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, 0; }"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
-__device__ __forceinline__ void wg_f16_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t db)
+
+__device__ __forceinline__ void wg_f16_rs(float (&d)[16], const uint32_t (&a)[4],
+                                          uint64_t db)
 {
     asm volatile("{ .reg .pred p; setp.ne.b32 p, %21, 0; "
                  "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
-                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0; }"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15},"
+                 "{%16,%17,%18,%19}, %20, p, 1, 1, 0; }"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
-__device__ __forceinline__ void wg_f16_rs(float (&d)[24], const uint32_t (&a)[4], uint64_t db)
+
+__device__ __forceinline__ void wg_f16_rs(float (&d)[24], const uint32_t (&a)[4],
+                                          uint64_t db)
 {
     asm volatile("{ .reg .pred p; setp.ne.b32 p, %29, 0; "
                  "wgmma.mma_async.sync.aligned.m64n48k16.f32.f16.f16 "
-                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23}, {%24,%25,%26,%27}, %28, p, 1, 1, 0; }"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20"
+                 ",%21,%22,%23}, {%24,%25,%26,%27}, %28, p, 1, 1, 0; }"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
-__device__ __forceinline__ void wg_f16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db)
+
+__device__ __forceinline__ void wg_f16_rs(float (&d)[32], const uint32_t (&a)[4],
+                                          uint64_t db)
 {
     asm volatile("{ .reg .pred p; setp.ne.b32 p, %37, 0; "
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0; }"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20"
+                 ",%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p,"
+                 "1, 1, 0; }"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
@@ -308,8 +331,9 @@ template <int N> struct WgAttend {
 #pragma unroll
             for (int s = 0; s < D / 16; s++) {
                 const int x = s >> 2, u = s & 3;
-                const uint32_t w0 = u == 0 ? kw[0][x].x : u == 1 ? kw[0][x].y : u == 2 ? kw[0][x].z : kw[0][x].w;
-                const uint32_t w1 = u == 0 ? kw[1][x].x : u == 1 ? kw[1][x].y : u == 2 ? kw[1][x].z : kw[1][x].w;
+                const uint4 k0 = kw[0][x], k1 = kw[1][x];
+                const uint32_t w0 = u == 0 ? k0.x : u == 1 ? k0.y : u == 2 ? k0.z : k0.w;
+                const uint32_t w1 = u == 0 ? k1.x : u == 1 ? k1.y : u == 2 ? k1.z : k1.w;
                 e4m3x4_to_f16x2(w0, ka[s][0], ka[s][2]);
                 e4m3x4_to_f16x2(w1, ka[s][1], ka[s][3]);
             }
