@@ -8,7 +8,8 @@
  *
  * Method: one attention call (attention + combine; the plan computed before) captured in a
  * CUDA graph; 5 warm-up replays; 50 replays, each between its own pair of CUDA events; the
- * median. Dynamic, static and HPC-Ops take turns in five blocks of 5 warm-up and 10 timed replays each
+ * median. Dynamic, static, HPC-Ops and (past 8 rows) the warpgroup kernel (wg_us, its own
+ * plan: TKVK__DEC_WG) take turns in five blocks of 5 warm-up and 10 timed replays each
  * (a clock drift favours neither; each block replays one graph, as the method has it).
  * Again with L2 flushed (a 256 MiB memset between replays, outside the events). The plan
  * alone and plan + attention + combine are timed the same way. hbm_fraction = KV bytes /
@@ -256,6 +257,7 @@ struct Row {
     double cta;          /* dynamic through the CTA kernel (the warp-worker kernel off) */
     double m16;          /* at most 8 rows: the warp-worker kernel with rows on the mma's M side */
     double one;          /* 17..32 rows: the warp-worker kernel with one warp per worker */
+    double wg;           /* past 8 rows: the warpgroup kernel (TKVK__DEC_WG), its own plan */
     double sweep_us[4];  /* dynamic at each of sweep_values() */
     double sweep_static_us[4]; /* --combine: static at each of them (side by side), else -1 */
     int splits;
@@ -459,15 +461,49 @@ static Row run(const BenchCase &bc, int hq, int hkv, int q_len, cudaStream_t s)
         }
     }
 #endif
-    /* dynamic, static and HPC-Ops side by side, block by block */
-    const cudaGraphExec_t trio[3] = {dyn_exec, stat_exec, hpc_exec};
-    const int ntrio = hpc_exec ? 3 : 2;
-    double t[3];
+    /* past 8 rows: the warpgroup kernel (its own plan), timed in the same turns as the rest */
+    tkvk_decode_plan *old_plan = nullptr;
+    cudaGraphExec_t old_exec = nullptr;
+    uint16_t *d_out4 = nullptr;
+    row.wg = -1;
+    if ((hq / hkv) * q_len > 8) {
+        tkvk__decode_kernel(TKVK__DEC_WG);
+        TK(tkvk_decode_plan_create(&old_plan, nreq, hkv, (hq / hkv) * q_len, D));
+        TK(tkvk_decode_plan_cuda(old_plan, d_lens, nreq, s));
+        CK(cudaStreamSynchronize(s));
+        CK(cudaMalloc((void **)&d_out4, qn * 2));
+        tkvk_decode_args ao = a;
+        ao.out = d_out4;
+        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        TK(tkvk_decode_attend_cuda(old_plan, &ao, s));
+        CK(cudaStreamEndCapture(s, &g));
+        CK(cudaGraphInstantiate(&old_exec, g, 0));
+        CK(cudaGraphDestroy(g));
+        tkvk__decode_kernel(TKVK__DEC_AUTO);
+    }
+    /* dynamic, static, HPC-Ops and the warpgroup kernel side by side, block by block */
+    cudaGraphExec_t trio[4] = {dyn_exec, stat_exec, nullptr, nullptr};
+    int ntrio = 2, at_hpc = -1, at_old = -1;
+    if (hpc_exec) {
+        at_hpc = ntrio;
+        trio[ntrio++] = hpc_exec;
+    }
+    if (old_exec) {
+        at_old = ntrio;
+        trio[ntrio++] = old_exec;
+    }
+    double t[4];
     time_graphs(trio, ntrio, s, false, t);
     row.dyn = t[0];
     row.stat = t[1];
-    if (hpc_exec)
-        row.hpc = t[2];
+    if (at_hpc >= 0)
+        row.hpc = t[at_hpc];
+    if (at_old >= 0) {
+        row.wg = t[at_old];
+        CK(cudaGraphExecDestroy(old_exec));
+        tkvk_decode_plan_destroy(old_plan);
+        cudaFree(d_out4);
+    }
     row.dyn_flushed = row.stat_flushed = -1;
     if (!g_lean) {
         time_graphs(trio, 2, s, true, t);
@@ -691,10 +727,11 @@ int main(int argc, char **argv)
         snprintf(label, sizeof label, "%s %d/%d/%d/%d", kSweepKey[g_sweep], g_values[0],
                  g_values[1], g_values[2], g_values[3]);
     fprintf(tab,
-            "%-20s %5s %2s %8s %8s %8s %8s %8s %5s %5s %6s %8s %6s %7s %6s %6s %8s %8s %8s %8s "
-            "%27s\n",
+            "%-20s %5s %2s %8s %8s %8s %8s %8s %5s %5s %6s %8s %6s %7s %6s %6s %8s %8s %6s %8s %8s "
+            "%8s %27s\n",
             "case", "heads", "q", "dyn_us", "stat_us", "dynL2f", "plan_us", "step_us", "hbm",
-            "hbmrd", "xstat", "hpc_us", "xhpc", "hpcdiff", "fi_us", "xfi", "maxdiff", "cta_us",
+            "hbmrd", "xstat", "hpc_us", "xhpc", "hpcdiff", "fi_us", "xfi", "maxdiff", "wg_us",
+            "xwg", "cta_us",
             "m16_us", "one_us", g_values_set ? label : kSweepLabel[g_sweep]);
     std::vector<Row> rows;
     const int heads[2][2] = {{8, 1}, {64, 8}};
@@ -718,10 +755,11 @@ int main(int argc, char **argv)
                 snprintf(xfi_s, sizeof xfi_s, r.peer > 0 ? "%.2f" : "-", r.peer / r.dyn);
                 fprintf(tab,
                         "%-20s %5s %2d %8.1f %8.1f %8.1f %8.1f %8.1f %5.2f %5.2f %6.2f %8s %6s "
-                        "%7s %6s %6s %8.1e %8.1f %8.1f %8.1f %6.1f/%6.1f/%6.1f/%6.1f\n",
+                        "%7s %6s %6s %8.1e %8.1f %6.2f %8.1f %8.1f %8.1f %6.1f/%6.1f/%6.1f/%6.1f\n",
                         r.name.c_str(), heads_s, r.q_len, r.dyn, r.stat, r.dyn_flushed, r.plan,
                         r.step, r.hbm_fraction, r.hbm_read_fraction, r.stat / r.dyn, hpc_s, xh_s,
-                        hd_s, fi_s, xfi_s, r.max_diff, r.cta, r.m16, r.one, r.sweep_us[0],
+                        hd_s, fi_s, xfi_s, r.max_diff, r.wg, r.wg > 0 ? r.wg / r.dyn : -1.0,
+                        r.cta, r.m16, r.one, r.sweep_us[0],
                         r.sweep_us[1], r.sweep_us[2], r.sweep_us[3]);
                 if (g_sweep == SWEEP_COMBINE)
                     fprintf(tab, "%-20s static with the same combine shapes: %6.1f/%6.1f/%6.1f/%6.1f\n",
@@ -757,12 +795,12 @@ int main(int argc, char **argv)
                    "\"step_us\": %.2f, \"hbm_fraction\": %.3f, \"hbm_read_fraction\": %.3f, "
                    "\"copy_rate_gbs\": %.1f, \"read_rate_gbs\": %.1f, "
                    "\"dyn_vs_static_max_abs_diff\": %.3g, \"dynamic_cta_kernel_us\": %.2f, "
-                   "\"dynamic_m16_us\": %.2f, \"dynamic_one_warp_us\": %.2f, "
+                   "\"dynamic_m16_us\": %.2f, \"dynamic_one_warp_us\": %.2f, \"warpgroup_us\": %.2f, "
                    "\"%s\": {\"%d\": %.2f, \"%d\": %.2f, \"%d\": %.2f, \"%d\": %.2f}%s}%s\n",
                    r.name.c_str(), r.hq, r.hkv, r.q_len, r.kv_bytes, r.dyn, r.stat, hp,
                    r.hpc_diff, fi, r.dyn_flushed, r.stat_flushed, r.plan, r.step, r.hbm_fraction,
                    r.hbm_read_fraction, rate / 1e9, rrate / 1e9, r.max_diff, r.cta, r.m16, r.one,
-                   kSweepKey[g_sweep], sv[0],
+                   r.wg, kSweepKey[g_sweep], sv[0],
                    r.sweep_us[0], sv[1], r.sweep_us[1], sv[2], r.sweep_us[2], sv[3],
                    r.sweep_us[3], st, i + 1 < rows.size() ? "," : "");
         }

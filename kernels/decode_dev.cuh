@@ -7,6 +7,7 @@
  *   decode_plan.cu     the plan kernel and the plan handle (create, plan, download)
  *   decode_cta.cu      the CTA kernel (every shape but FP8 Q over FP8 KV with <= 32 rows)
  *   decode_warp.cu     the warp-worker kernel (FP8 Q over FP8 KV, <= 32 rows: the fast path)
+ *   decode_wg.cu       the warpgroup kernel (FP8 Q over FP8 KV, D 128, 9..64 rows: wgmma)
  *   decode_combine.cu  the combine (partials to O and LSE) and merge states
  *   decode.cu          the entry points: kernel choice, shared-memory limits, launches
  * Kernels stay in an unnamed namespace inside their file; each file exports the few host
@@ -375,6 +376,12 @@ AttendVariant dec_cta_variant(int head_dim, bool fp8, bool q8, bool wide);
 /* decode_warp.cu: the warp-worker kernel for rows <= 32 (<= 16 at D 256); which:
  * TKVK__DEC_WARP_M16 forces rows on the mma's M side for <= 8 rows. fn NULL outside the set. */
 AttendVariant dec_warp_variant(int head_dim, int rows, int which);
+/* decode_wg.cu: the warpgroup kernel (FP8 Q over FP8 KV) for head dim 128 and 1..64 rows
+ * (N = rows padded to 16, 32, 48, 64); fn NULL outside the set. */
+AttendVariant dec_wg_variant(int head_dim, int rows);
+/* Whether the kernel choice `which` for FP8 Q over FP8 KV at head dim 128 and `rows` rows is
+ * the warpgroup kernel (in the launcher's choice only where measured faster, docs/perf.md). */
+bool dec_wg_wanted(int rows, int which);
 /* decode_combine.cu: the combine for `pairs` pairs, K warps per row and S head-dim slices chosen
  * from the row count (or g_combine). */
 cudaError_t dec_launch_combine(const CombineParams &cp, int pairs, int num_sms, cudaStream_t s);

@@ -123,8 +123,19 @@ int tkvk__decode_check_host(const tkvk_decode_args *a, const char *who);
  *   WARP_M16  for at most 8 rows, the warp-worker kernel with the rows on the mma's M side
  *          (padded to 16) instead of its N side
  *   WARP_ONE  for 17..32 rows, one warp per worker of the warp-worker kernel, with both
- *          m-tiles of 16 rows, instead of two warps of one m-tile each */
-enum { TKVK__DEC_AUTO = 0, TKVK__DEC_CTA = 1, TKVK__DEC_WARP_M16 = 2, TKVK__DEC_WARP_ONE = 3 };
+ *          m-tiles of 16 rows, instead of two warps of one m-tile each
+ *   LEGACY the launcher's choice without the warpgroup kernel (what it was before it)
+ *   WG     the warpgroup kernel wherever it applies (FP8 Q over FP8 KV, D 128, 9..64 rows;
+ *          not yet in the launcher's choice) */
+enum {
+    TKVK__DEC_AUTO = 0,
+    TKVK__DEC_CTA = 1,
+    TKVK__DEC_WARP_M16 = 2,
+    TKVK__DEC_WARP_ONE = 3,
+    TKVK__DEC_LEGACY = 4,
+    TKVK__DEC_WG = 5,
+    TKVK__DEC_LAST = TKVK__DEC_WG
+};
 void tkvk__decode_kernel(int which);
 /* Benchmarks and tests: the combine's shape in steps launched from now on: K + 100 * S for K
  * warps per row (1, 2, 4, 8, 16) over S slices of the head dim (1, 2, 4; up to D / 32);

@@ -289,8 +289,10 @@ extern "C" int tkvk_decode_plan_create(tkvk_decode_plan **out, int max_requests,
     if (occ < 1)
         occ = 1;
     pl->grid = pl->num_sms * occ * pl->cta_warps;
-    pl->min_tiles =
-        v.threads == 32 ? tkvk__decode_warp_min_tiles(max_rows) : TKVK_DECODE_CTA_MIN_TILES;
+    /* the warpgroup kernel takes the warp workers' floor: its partials cost the same */
+    pl->min_tiles = v.threads == 32 || v.fn == dec_wg_variant(head_dim, max_rows).fn
+                        ? tkvk__decode_warp_min_tiles(max_rows)
+                        : TKVK_DECODE_CTA_MIN_TILES;
     pl->max_requests = max_requests;
     pl->num_kv_heads = num_kv_heads;
     pl->max_rows = max_rows;
