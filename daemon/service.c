@@ -267,12 +267,9 @@ static bool check_tokens(tkvd_call *k, size_t n_tokens)
 static tkv_key *derive_keys(tkvd_call *k, const uint32_t *tokens, size_t num_blocks)
 {
     const tkvd_config *cfg = k->svc->cfg;
-    tkv_key root;
-    tkv_key_root(cfg->fingerprint, k->ns, k->ns_len, &root);
     tkv_key *keys = call_alloc(k, num_blocks, sizeof(*keys));
-    size_t n = tkv_key_chain(&root, tokens, num_blocks * cfg->geometry.block_tokens,
-                             cfg->geometry.block_tokens, keys, num_blocks);
-    TKV_ASSERT(n == num_blocks);
+    tkvd_keycache_derive(k->svc->keycache, cfg->fingerprint, k->ns, k->ns_len, tokens,
+                         num_blocks, cfg->geometry.block_tokens, keys);
     return keys;
 }
 

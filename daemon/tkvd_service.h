@@ -24,6 +24,7 @@
 #include "tkvd_attach.h"
 #include "tkvd_config.h"
 #include "tkvd_cost.h"
+#include "tkvd_keycache.h"
 #include "tkvd_metrics.h"
 #include "tkvd_server.h"
 
@@ -32,6 +33,7 @@ typedef struct tkvd_service {
     const tkvd_config *cfg;
     tkvd_metrics *metrics;
     tkvd_attach *attach;      /* NULL: no client_id is valid */
+    tkvd_keycache *keycache;  /* NULL: every key derived */
     tkvd_rates rates;         /* for the cost check */
     const char *version;
     atomic_bool stopping;     /* set on SIGTERM: Health says "stopping" */
