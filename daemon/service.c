@@ -11,6 +11,7 @@
 
 #include "tierkv.pb-c.h"
 #include "tkv_attach.h"
+#include "tkv_fast.h"
 #include "tkv_base.h"
 #include "tkv_keys.h"
 #include "tkv_l3.h"
@@ -1158,7 +1159,13 @@ void tkvd_service_call(tkvd_service *svc, tkvd_call *k, int method, const Protob
             protobuf_c_message_init(h->rsp, out);
         }
         h->run(k, rq, out);
-        if (k->code == GRPC_STATUS_OK && out) {
+        if (k->code == GRPC_STATUS_OK && out && k->lean_reply) {
+            size_t n = tkv_fast_lean_reply_size(out);
+            TKV_ASSERT(n > 0); /* a lookup's reply within the limits the validators enforce */
+            *rsp = tkv_xmalloc(n);
+            tkv_fast_lean_reply_encode(out, *rsp);
+            *rsp_len = n;
+        } else if (k->code == GRPC_STATUS_OK && out) {
             size_t n = protobuf_c_message_get_packed_size(out);
             *rsp = tkv_xmalloc(n ? n : 1);
             *rsp_len = protobuf_c_message_pack(out, *rsp);
