@@ -537,8 +537,9 @@ static int fast_unary(kvc_client *c, const char *method, uint16_t op, const Prot
 }
 
 /* One unary call: req -> *resp (unpacked with d; the caller frees it with
- * protobuf_c_message_free_unpacked). timeout_ms 0 = no deadline. A call the fast path
- * carries (op != 0) goes on the attach connection when it is attached and free. */
+ * protobuf_c_message_free_unpacked, or with free() when *flat: a lean reply). timeout_ms 0 =
+ * no deadline. A call the fast path carries (op != 0) goes on the attach connection when it
+ * is attached and free. */
 static int unary(kvc_client *c, const char *method, uint16_t op, const ProtobufCMessage *req,
                  const ProtobufCMessageDescriptor *d, ProtobufCMessage **resp, bool *flat,
                  uint32_t timeout_ms)
