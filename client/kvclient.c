@@ -518,10 +518,11 @@ fail:
 
 /* A unary call on the attach connection (proto/tkv_attach.h), under c->fast_mu. A broken
  * connection or a reply that does not arrive in time ends the fast path for this client (a
- * late reply would answer the next call); calls then take gRPC. */
+ * late reply would answer the next call); calls then take gRPC. *flat: *resp is one block
+ * (a lean reply: free()), not protobuf-c's unpacked tree. */
 static int fast_unary(kvc_client *c, const char *method, uint16_t op, const ProtobufCMessage *req,
                       const msg_tail *tail, const ProtobufCMessageDescriptor *d,
-                      ProtobufCMessage **resp, uint32_t timeout_ms)
+                      ProtobufCMessage **resp, bool *flat, uint32_t timeout_ms)
 {
     /* lookups go in the lean encoding (tokens as they are), the rest as protobuf */
     bool lean = !tail && (op == TKV_FAST_LOOKUP || op == TKV_FAST_LOOKUP_BATCH);
@@ -577,6 +578,17 @@ static int fast_unary(kvc_client *c, const char *method, uint16_t op, const Prot
         return fail(map_status((grpc_status_code)h.status, msg), "%s: status %d: %s", method,
                     (int)h.status, msg[0] ? msg : "(no message)");
     }
+    if (h.flags & TKV_FAST_LEAN) {
+        if (!lean) {
+            c->fast = false;
+            return fail(KVC_EPROTO, "%s: lean fast-path reply to a protobuf request", method);
+        }
+        *resp = tkv_fast_lean_reply_decode(op, c->fast_buf, len, why, sizeof(why));
+        if (!*resp)
+            return fail(KVC_EPROTO, "%s: %s", method, why);
+        *flat = true;
+        return KVC_OK;
+    }
     *resp = protobuf_c_message_unpack(d, NULL, len, c->fast_buf);
     if (!*resp)
         return fail(KVC_EPROTO, "%s: reply does not parse as %s", method, d->name);
@@ -584,16 +596,18 @@ static int fast_unary(kvc_client *c, const char *method, uint16_t op, const Prot
 }
 
 /* One unary call: req -> *resp (unpacked with d; the caller frees it with
- * protobuf_c_message_free_unpacked). timeout_ms 0 = no deadline. A call the fast path
- * carries (op != 0) goes on the attach connection when it is attached and free. */
+ * protobuf_c_message_free_unpacked, or with free() when *flat: a lean reply). timeout_ms 0 =
+ * no deadline. A call the fast path carries (op != 0) goes on the attach connection when it
+ * is attached and free. */
 static int unary(kvc_client *c, const char *method, uint16_t op, const ProtobufCMessage *req,
                  const msg_tail *tail, const ProtobufCMessageDescriptor *d,
-                 ProtobufCMessage **resp, uint32_t timeout_ms)
+                 ProtobufCMessage **resp, bool *flat, uint32_t timeout_ms)
 {
     *resp = NULL;
+    *flat = false;
     if (op && c->fast && pthread_mutex_trylock(&c->fast_mu) == 0) {
         if (c->fast) {
-            int rc = fast_unary(c, method, op, req, tail, d, resp, timeout_ms);
+            int rc = fast_unary(c, method, op, req, tail, d, resp, flat, timeout_ms);
             pthread_mutex_unlock(&c->fast_mu);
             return rc;
         }
@@ -622,10 +636,13 @@ static int call(kvc_client *c, const char *method, uint16_t op, const ProtobufCM
                 take_fn take, void *arg)
 {
     ProtobufCMessage *rsp = NULL;
-    int rc = unary(c, method, op, req, tail, d, &rsp, timeout_ms);
+    bool flat = false;
+    int rc = unary(c, method, op, req, tail, d, &rsp, &flat, timeout_ms);
     if (rc == KVC_OK && take)
         rc = take(c, rsp, arg);
-    if (rsp)
+    if (flat)
+        free(rsp);
+    else if (rsp)
         protobuf_c_message_free_unpacked(rsp, NULL);
     return rc;
 }
@@ -883,9 +900,10 @@ int kvc_connect(const kvc_opts *o, kvc_client **out)
     /* Stats tells the daemon's geometry: adopt it, or check ours against it now, so a
      * mismatch is one clear error at connect rather than one per call. */
     Tierkv__V1__StatsRequest sreq = TIERKV__V1__STATS_REQUEST__INIT;
+    bool st_flat; /* op 0: gRPC, never flat */
     rc = unary(c, "/tierkv.v1.Cache/Stats", 0, &sreq.base, NULL,
-               &tierkv__v1__stats_response__descriptor,
-               (ProtobufCMessage **)&st, c->timeout_ms);
+               &tierkv__v1__stats_response__descriptor, (ProtobufCMessage **)&st, &st_flat,
+               c->timeout_ms);
     if (rc != KVC_OK) {
         char why[sizeof(tls_err)];
         copy_cstr(why, sizeof(why), tls_err);
@@ -1036,15 +1054,17 @@ static kvc_lease *lease_from(kvc_client *c, const Tierkv__V1__LookupResponse *re
              resp->num_query_blocks, (unsigned long long)resp->lease_id);
         return NULL;
     }
-    kvc_lease *l = tkv_xcalloc(1, sizeof(*l));
+    /* one allocation: the lease, then its offsets (8-byte aligned after the struct) and flags */
+    size_t n = (size_t)resp->num_hit_blocks + 1;
+    kvc_lease *l = tkv_xcalloc(1, sizeof(*l) + n * (2 * sizeof(uint64_t) + 3));
     l->id = resp->lease_id;
     l->num_blocks = resp->num_hit_blocks;
     l->num_query_blocks = resp->num_query_blocks;
-    l->tier = tkv_xcalloc(l->num_blocks + 1, 1);
-    l->in_l2 = tkv_xcalloc(l->num_blocks + 1, 1);
-    l->l2_offset = tkv_xcalloc(l->num_blocks + 1, sizeof(uint64_t));
-    l->in_l1 = tkv_xcalloc(l->num_blocks + 1, 1);
-    l->l1_offset = tkv_xcalloc(l->num_blocks + 1, sizeof(uint64_t));
+    l->l2_offset = (uint64_t *)(void *)(l + 1);
+    l->l1_offset = l->l2_offset + n;
+    l->tier = (uint8_t *)(l->l1_offset + n);
+    l->in_l2 = l->tier + n;
+    l->in_l1 = l->in_l2 + n;
     lease_set_locs(l, resp->blocks, resp->n_blocks);
     return l;
 }
@@ -1160,12 +1180,7 @@ static void lease_free(kvc_lease *l)
 {
     if (!l)
         return;
-    free(l->tier);
-    free(l->in_l2);
-    free(l->l2_offset);
-    free(l->in_l1);
-    free(l->l1_offset);
-    free(l);
+    free(l); /* its arrays live in the same allocation (lease_from) */
 }
 
 int kvc_release(kvc_client *c, kvc_lease *l)

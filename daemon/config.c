@@ -129,6 +129,8 @@ static const key_def kKeys[] = {
      "most blocks in one Put/Get/Alloc (default 64)"},
     {"max_prompt_tokens", K_U32, OFF(max_prompt_tokens), 16, 16u << 20, NULL,
      "most tokens in one request (default 262144)"},
+    {"key_cache_bytes", K_SIZE, OFF(key_cache_bytes), 0, UINT64_C(1) << 40, NULL,
+     "memory for remembered block keys (prompts asked again skip SHA-256); 0 = off (default 32M)"},
     {"drain_timeout_ms", K_U32, OFF(drain_timeout_ms), 0, 3600000, NULL,
      "on SIGTERM, how long in-flight RPCs may run before they are cancelled (default 10000)"},
     {"log_level", K_ENUM, OFF(log_level), 0, 0, level_names, "error, warn, info, debug (default info)"},
@@ -297,6 +299,7 @@ void tkvd_config_init(tkvd_config *c)
     c->rpc_workers = 16;
     c->max_blocks_per_rpc = 64;
     c->max_prompt_tokens = 262144;
+    c->key_cache_bytes = UINT64_C(32) << 20;
     c->drain_timeout_ms = 10000;
     c->log_level = TKV_LOG_INFO;
     c->foreground = false;

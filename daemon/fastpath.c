@@ -86,6 +86,7 @@ static void *serve_main(void *arg)
             if (h.flags & TKV_FAST_LEAN) {
                 const ProtobufCMessage *rq = tkv_fast_lean_decode(h.op, buf, len, lean, k.msg,
                                                                   sizeof(k.msg));
+                k.lean_reply = true; /* a lean request is answered lean (proto/tkv_fast.h) */
                 if (rq)
                     tkvd_service_call(f->svc, &k, method, rq, &rsp, &rsp_len);
                 else
@@ -96,7 +97,8 @@ static void *serve_main(void *arg)
             tkvd_metrics *m = f->svc->metrics;
             atomic_fetch_add_explicit(&m->rpc_total, 1, memory_order_relaxed);
             if (k.code == GRPC_STATUS_OK) {
-                sent = tkv_fast_send(c->fd, h.op, 0, 0, 0, rsp, rsp_len);
+                sent = tkv_fast_send(c->fd, h.op, (uint16_t)(h.flags & TKV_FAST_LEAN), 0, 0, rsp,
+                                     rsp_len);
             } else {
                 atomic_fetch_add_explicit(&m->rpc_errors, 1, memory_order_relaxed);
                 sent = tkv_fast_send(c->fd, h.op, 0, 0, k.code, (const uint8_t *)k.msg, strlen(k.msg));

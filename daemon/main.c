@@ -538,6 +538,7 @@ static int start_servers(daemon_state *d)
     svc->cfg = &d->cfg;
     svc->metrics = &d->metrics;
     svc->attach = d->attach;
+    svc->keycache = tkvd_keycache_new(cfg->key_cache_bytes, cfg->geometry.block_tokens);
     svc->version = TKVD_VERSION;
     svc->rates.pcie_gbps = tkvd_gpu_h2d_gbps(d->gpu);
     svc->rates.l3_read_gbps = cfg->l3_read_mbps / 1000.0;
@@ -628,6 +629,8 @@ static void shut_down(daemon_state *d, int code)
         TKV_LOG(TKV_LOG_INFO, "store closed (write-backs finished) in %" PRIu64 " ms",
                 (tkv_now_ns() - t0) / 1000000u);
     }
+    tkvd_keycache_free(d->svc.keycache); /* after every server: no call derives keys now */
+    d->svc.keycache = NULL;
     tkv_l4_close(d->l4);    /* after the store: its write-back hands blocks to L4 */
     tkvd_gpu_close(d->gpu); /* after the store: its workers may still be copying */
     tkv_store_opts_free(d->so);

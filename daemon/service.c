@@ -11,6 +11,7 @@
 
 #include "tierkv.pb-c.h"
 #include "tkv_attach.h"
+#include "tkv_fast.h"
 #include "tkv_base.h"
 #include "tkv_keys.h"
 #include "tkv_l3.h"
@@ -269,12 +270,9 @@ static bool check_tokens(tkvd_call *k, size_t n_tokens)
 static tkv_key *derive_keys(tkvd_call *k, const uint32_t *tokens, size_t num_blocks)
 {
     const tkvd_config *cfg = k->svc->cfg;
-    tkv_key root;
-    tkv_key_root(cfg->fingerprint, k->ns, k->ns_len, &root);
     tkv_key *keys = call_alloc(k, num_blocks, sizeof(*keys));
-    size_t n = tkv_key_chain(&root, tokens, num_blocks * cfg->geometry.block_tokens,
-                             cfg->geometry.block_tokens, keys, num_blocks);
-    TKV_ASSERT(n == num_blocks);
+    tkvd_keycache_derive(k->svc->keycache, cfg->fingerprint, k->ns, k->ns_len, tokens,
+                         num_blocks, cfg->geometry.block_tokens, keys);
     return keys;
 }
 
@@ -1188,7 +1186,13 @@ void tkvd_service_call(tkvd_service *svc, tkvd_call *k, int method, const Protob
             protobuf_c_message_init(h->rsp, out);
         }
         h->run(k, rq, out);
-        if (k->code == GRPC_STATUS_OK && out) {
+        if (k->code == GRPC_STATUS_OK && out && k->lean_reply) {
+            size_t n = tkv_fast_lean_reply_size(out);
+            TKV_ASSERT(n > 0); /* a lookup's reply within the limits the validators enforce */
+            *rsp = tkv_xmalloc(n);
+            tkv_fast_lean_reply_encode(out, *rsp);
+            *rsp_len = n;
+        } else if (k->code == GRPC_STATUS_OK && out) {
             size_t n = protobuf_c_message_get_packed_size(out);
             *rsp = tkv_xmalloc(n ? n : 1);
             *rsp_len = protobuf_c_message_pack(out, *rsp);

@@ -68,6 +68,7 @@ typedef struct tkvd_config {
     unsigned rpc_workers;       /* threads for blocking RPCs (prefetch-wait, flush, verify) */
     uint32_t max_blocks_per_rpc;
     uint32_t max_prompt_tokens;
+    uint64_t key_cache_bytes;   /* the memo of derived block keys (tkvd_keycache.h); 0 = off */
     uint32_t drain_timeout_ms;
     int log_level;
     bool foreground;

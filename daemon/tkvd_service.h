@@ -24,6 +24,7 @@
 #include "tkvd_attach.h"
 #include "tkvd_config.h"
 #include "tkvd_cost.h"
+#include "tkvd_keycache.h"
 #include "tkvd_metrics.h"
 #include "tkvd_server.h"
 
@@ -32,6 +33,7 @@ typedef struct tkvd_service {
     const tkvd_config *cfg;
     tkvd_metrics *metrics;
     tkvd_attach *attach;      /* NULL: no client_id is valid */
+    tkvd_keycache *keycache;  /* NULL: every key derived */
     tkvd_rates rates;         /* for the cost check */
     const char *version;
     atomic_bool stopping;     /* set on SIGTERM: Health says "stopping" */
@@ -68,6 +70,8 @@ typedef struct tkvd_call {
     size_t ns_len;
     const tkvd_tenant *tenant; /* with tenants: who the peer proved to be (never NULL once
                               * admitted); without: NULL */
+    bool lean_reply;         /* set by the transport: pack a lookup's reply in the fast path's
+                              * lean encoding (proto/tkv_fast.h), not protobuf */
     /* outcome */
     grpc_status_code code;   /* GRPC_STATUS_OK unless the call failed */
     char msg[256];           /* one-line reason when code != OK */
@@ -86,7 +90,8 @@ void tkvd_service_dispatch(tkvd_service *svc, tkvd_call *k, int method, const ui
                            size_t len, uint8_t **rsp, size_t *rsp_len);
 
 /* The same for a request already decoded (rq of the entry's request type; the caller keeps
- * it): the fast path's lean encodings decode straight into the protobuf-c structs. */
+ * it): the fast path's lean encodings decode straight into the protobuf-c structs, and with
+ * k->lean_reply (a Lookup or LookupBatch only) the reply is packed lean. */
 void tkvd_service_call(tkvd_service *svc, tkvd_call *k, int method, const ProtobufCMessage *rq,
                        uint8_t **rsp, size_t *rsp_len);
 

@@ -74,7 +74,7 @@ typedef struct tkv_attach_gpu {
  * repeats the message's total payload length. A request's payload is the serialized protobuf
  * request of the tierkv.v1.Cache method `op` names; a reply's is the serialized response when
  * status is 0 (gRPC OK), else the one-line error message (the same statuses and messages the
- * gRPC service gives). A malformed record ends the connection, releasing its leases. */
+ * gRPC service gives). Lookups may use the lean encodings of proto/tkv_fast.h instead. A malformed record ends the connection, releasing its leases. */
 #define TKV_FAST_MAGIC 0x46564b54u /* "TKVF" */
 #define TKV_FAST_FRAG_BYTES (60u * 1024u) /* fits the default socket send buffer 3 times */
 #define TKV_FAST_MORE 1u

@@ -259,3 +259,170 @@ const ProtobufCMessage *tkv_fast_lean_decode(uint16_t op, const uint8_t *p, size
     out->batch.lease_ttl_ms = h.ttl_ms;
     return &out->batch.base;
 }
+
+/* ---- the lean lookup reply ---------------------------------------------------------------------- */
+
+/* The results of a LookupBatchResponse (*res) or a LookupResponse (1, *res NULL); SIZE_MAX
+ * for any other message. */
+static size_t results_of(const ProtobufCMessage *rsp, Tierkv__V1__LookupResponse *const **res)
+{
+    if (rsp->descriptor == &tierkv__v1__lookup_batch_response__descriptor) {
+        const Tierkv__V1__LookupBatchResponse *b = (const Tierkv__V1__LookupBatchResponse *)rsp;
+        *res = b->results;
+        return b->n_results;
+    }
+    *res = NULL;
+    return rsp->descriptor == &tierkv__v1__lookup_response__descriptor ? 1 : SIZE_MAX;
+}
+
+static const Tierkv__V1__LookupResponse *result_at(const ProtobufCMessage *rsp,
+                                                   Tierkv__V1__LookupResponse *const *res,
+                                                   size_t i)
+{
+    return res ? res[i] : (const Tierkv__V1__LookupResponse *)rsp;
+}
+
+size_t tkv_fast_lean_reply_size(const ProtobufCMessage *rsp)
+{
+    Tierkv__V1__LookupResponse *const *res;
+    size_t n = results_of(rsp, &res);
+    if (n == SIZE_MAX || n > TKV_FAST_MAX_PROMPTS)
+        return 0;
+    uint64_t bytes = sizeof(tkv_fast_reply_hdr) + n * (uint64_t)sizeof(tkv_fast_result);
+    for (size_t i = 0; i < n; i++) {
+        const Tierkv__V1__LookupResponse *r = result_at(rsp, res, i);
+        if (r->n_blocks > UINT32_MAX)
+            return 0;
+        bytes += r->n_blocks * (uint64_t)sizeof(tkv_fast_loc);
+    }
+    return bytes > UINT32_MAX ? 0 : (size_t)bytes;
+}
+
+void tkv_fast_lean_reply_encode(const ProtobufCMessage *rsp, uint8_t *out)
+{
+    Tierkv__V1__LookupResponse *const *res;
+    size_t n = results_of(rsp, &res);
+    tkv_fast_reply_hdr h = {.num_results = (uint32_t)n, .reserved = 0};
+    memcpy(out, &h, sizeof(h));
+    uint8_t *p = out + sizeof(h);
+    for (size_t i = 0; i < n; i++) {
+        const Tierkv__V1__LookupResponse *r = result_at(rsp, res, i);
+        tkv_fast_result x = {.lease_id = r->lease_id, .num_hit_blocks = r->num_hit_blocks,
+                             .num_hit_tokens = r->num_hit_tokens,
+                             .num_query_blocks = r->num_query_blocks,
+                             .num_locs = (uint32_t)r->n_blocks};
+        memcpy(p, &x, sizeof(x));
+        p += sizeof(x);
+        for (size_t j = 0; j < r->n_blocks; j++) {
+            const Tierkv__V1__BlockLoc *b = r->blocks[j];
+            tkv_fast_loc l = {.l2_offset = b->l2_offset, .l1_offset = b->l1_offset,
+                              .tier = (uint32_t)b->tier, .in_l2 = b->in_l2 != 0,
+                              .in_l3 = b->in_l3 != 0, .in_l1 = b->in_l1 != 0, .reserved = 0};
+            memcpy(p, &l, sizeof(l));
+            p += sizeof(l);
+        }
+    }
+}
+
+/* One block, laid out in this order (each part's alignment is that of the structs):
+ * [batch response][results][result pointers][locations][location pointers]. */
+ProtobufCMessage *tkv_fast_lean_reply_decode(uint16_t op, const uint8_t *p, size_t len,
+                                             char *why, size_t why_cap)
+{
+    tkv_fast_reply_hdr h;
+    if (op != TKV_FAST_LOOKUP && op != TKV_FAST_LOOKUP_BATCH) {
+        snprintf(why, why_cap, "call %u has no lean reply", op);
+        return NULL;
+    }
+    if (len < sizeof(h)) {
+        snprintf(why, why_cap, "lean reply of %zu bytes, shorter than its header", len);
+        return NULL;
+    }
+    memcpy(&h, p, sizeof(h));
+    if (h.reserved != 0 || h.num_results > TKV_FAST_MAX_PROMPTS ||
+        (op == TKV_FAST_LOOKUP && h.num_results != 1)) {
+        snprintf(why, why_cap, "lean reply header out of range (%u results)", h.num_results);
+        return NULL;
+    }
+    /* first pass: the lengths add up, every field in range */
+    size_t off = sizeof(h), total_locs = 0;
+    for (uint32_t i = 0; i < h.num_results; i++) {
+        tkv_fast_result x;
+        if (len - off < sizeof(x)) {
+            snprintf(why, why_cap, "lean reply: result %u cut off at byte %zu of %zu", i, off, len);
+            return NULL;
+        }
+        memcpy(&x, p + off, sizeof(x));
+        off += sizeof(x);
+        if (x.num_locs > (len - off) / sizeof(tkv_fast_loc)) {
+            snprintf(why, why_cap, "lean reply: result %u announces %u locations, %zu bytes left",
+                     i, x.num_locs, len - off);
+            return NULL;
+        }
+        for (uint32_t j = 0; j < x.num_locs; j++, off += sizeof(tkv_fast_loc)) {
+            tkv_fast_loc l;
+            memcpy(&l, p + off, sizeof(l));
+            if (l.tier > TIERKV__V1__TIER__TIER_L3 || l.in_l2 > 1 || l.in_l3 > 1 || l.in_l1 > 1 ||
+                l.reserved) {
+                snprintf(why, why_cap, "lean reply: result %u location %u out of range", i, j);
+                return NULL;
+            }
+        }
+        total_locs += x.num_locs;
+    }
+    if (off != len) {
+        snprintf(why, why_cap, "lean reply: %zu bytes, its records take %zu", len, off);
+        return NULL;
+    }
+    size_t nr = h.num_results;
+    size_t bytes = sizeof(Tierkv__V1__LookupBatchResponse) +
+                   nr * (sizeof(Tierkv__V1__LookupResponse) + sizeof(void *)) +
+                   total_locs * (sizeof(Tierkv__V1__BlockLoc) + sizeof(void *));
+    uint8_t *mem = malloc(bytes);
+    if (!mem) {
+        snprintf(why, why_cap, "out of memory for a %zu-byte reply", bytes);
+        return NULL;
+    }
+    Tierkv__V1__LookupBatchResponse *batch = (Tierkv__V1__LookupBatchResponse *)(void *)mem;
+    Tierkv__V1__LookupResponse *results = (Tierkv__V1__LookupResponse *)(void *)(batch + 1);
+    Tierkv__V1__LookupResponse **result_ptrs = (Tierkv__V1__LookupResponse **)(void *)(results + nr);
+    Tierkv__V1__BlockLoc *locs = (Tierkv__V1__BlockLoc *)(void *)(result_ptrs + nr);
+    Tierkv__V1__BlockLoc **loc_ptrs = (Tierkv__V1__BlockLoc **)(void *)(locs + total_locs);
+    /* second pass: fill */
+    off = sizeof(h);
+    for (size_t i = 0; i < nr; i++) {
+        tkv_fast_result x;
+        memcpy(&x, p + off, sizeof(x));
+        off += sizeof(x);
+        Tierkv__V1__LookupResponse *r = &results[i];
+        tierkv__v1__lookup_response__init(r);
+        r->lease_id = x.lease_id;
+        r->num_hit_blocks = x.num_hit_blocks;
+        r->num_hit_tokens = x.num_hit_tokens;
+        r->num_query_blocks = x.num_query_blocks;
+        r->n_blocks = x.num_locs;
+        r->blocks = x.num_locs ? loc_ptrs : NULL;
+        for (uint32_t j = 0; j < x.num_locs; j++, off += sizeof(tkv_fast_loc)) {
+            tkv_fast_loc l;
+            memcpy(&l, p + off, sizeof(l));
+            tierkv__v1__block_loc__init(locs);
+            locs->tier = (Tierkv__V1__Tier)l.tier;
+            locs->in_l2 = l.in_l2;
+            locs->in_l3 = l.in_l3;
+            locs->in_l1 = l.in_l1;
+            locs->l2_offset = l.l2_offset;
+            locs->l1_offset = l.l1_offset;
+            *loc_ptrs++ = locs++;
+        }
+        result_ptrs[i] = r;
+    }
+    if (op == TKV_FAST_LOOKUP) {
+        /* the single response must be the block's start, so that free() of it frees all */
+        memmove(mem, results, sizeof(*results));
+        return (ProtobufCMessage *)(void *)mem;
+    }
+    tierkv__v1__lookup_batch_response__init(batch);
+    batch->n_results = nr;
+    batch->results = nr ? result_ptrs : NULL;
+    return &batch->base;
+}

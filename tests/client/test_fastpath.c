@@ -6,7 +6,10 @@
  *   2. the protocol itself, spoken raw on the attach socket: an unknown call, a lean lookup
  *      whose lengths do not add up, a scope naming another client, a malformed protobuf
  *      request are each answered with their status and the connection stays; a record with
- *      a bad magic or an announced length over the limit ends the connection.
+ *      a bad magic or an announced length over the limit ends the connection; a lean lookup
+ *      is answered lean;
+ *   3. the lean reply encoding in-process: responses come back field for field, and replies
+ *      whose lengths do not add up or whose fields are out of range are refused.
  * (The 32-client load over the fast path is client_test_load --fast.)
  */
 #include <stdint.h>
@@ -169,18 +172,19 @@ static int raw_attach(const uint8_t fp[32], uint64_t *client_id)
     return fd;
 }
 
+/* The last raw_call's reply: header and payload. */
+static tkv_fast_hdr g_rh;
+static uint8_t *g_rbuf;
+static size_t g_rcap, g_rlen;
+
 /* One call: returns the reply's status (-1: the connection ended). */
 static int raw_call(int fd, uint16_t op, uint16_t flags, const void *p, size_t len)
 {
-    static uint8_t *buf;
-    static size_t cap;
-    tkv_fast_hdr h;
-    size_t got = 0;
     char why[160];
     if (!tkv_fast_send(fd, op, flags, 0, 0, p, len) ||
-        tkv_fast_recv(fd, &h, &buf, &cap, 1u << 20, &got, why, sizeof(why)) != 1)
+        tkv_fast_recv(fd, &g_rh, &g_rbuf, &g_rcap, 1u << 20, &g_rlen, why, sizeof(why)) != 1)
         return -1;
-    return h.status;
+    return g_rh.status;
 }
 
 /* A lean single-prompt lookup of n_tokens tokens, with client_id in its scope. */
@@ -215,6 +219,18 @@ static int test_protocol(void)
     static uint8_t msg[64 * 1024];
     size_t n = lean_lookup(msg, fp, id, 4 * BT);
     CHECK(raw_call(fd, TKV_FAST_LOOKUP, TKV_FAST_LEAN, msg, n) == 0, "a valid lean lookup failed");
+    char why[160];
+    ProtobufCMessage *lr = NULL;
+    CHECK((g_rh.flags & TKV_FAST_LEAN) &&
+              (lr = tkv_fast_lean_reply_decode(TKV_FAST_LOOKUP, g_rbuf, g_rlen, why, sizeof(why))),
+          "a lean lookup's reply is not lean");
+    const Tierkv__V1__LookupResponse *lrr = (const Tierkv__V1__LookupResponse *)lr;
+    bool lean_ok = lr->descriptor == &tierkv__v1__lookup_response__descriptor &&
+                   lrr->num_query_blocks == 4 && lrr->num_hit_blocks == 0 && lrr->n_blocks == 0;
+    free(lr);
+    CHECK(lean_ok, "lean reply: wrong descriptor or counts");
+    CHECK(raw_call(fd, TKV_FAST_RELEASE, 0, "", 0) != 0 && !(g_rh.flags & TKV_FAST_LEAN),
+          "a protobuf request's (error) reply is lean");
     CHECK(raw_call(fd, 99, 0, "", 0) == 12, "unknown call: not UNIMPLEMENTED");
     CHECK(raw_call(fd, TKV_FAST_LOOKUP, TKV_FAST_LEAN, msg, n - 4) == 3,
           "lean lookup with a short token array: not INVALID_ARGUMENT");
@@ -257,8 +273,135 @@ fail:
     return rc;
 }
 
+/* ---- 3. the lean reply encoding --------------------------------------------------------------- */
+
+static Tierkv__V1__BlockLoc g_locs[17];
+static Tierkv__V1__BlockLoc *g_loc_ptrs[17];
+
+static void fill_result(Tierkv__V1__LookupResponse *r, uint64_t lease, size_t n, size_t first)
+{
+    tierkv__v1__lookup_response__init(r);
+    r->lease_id = lease;
+    r->num_hit_blocks = (uint32_t)n;
+    r->num_hit_tokens = (uint32_t)(n * BT);
+    r->num_query_blocks = (uint32_t)(n + 3);
+    r->n_blocks = n;
+    r->blocks = n ? &g_loc_ptrs[first] : NULL;
+}
+
+static bool same_result(const Tierkv__V1__LookupResponse *a, const Tierkv__V1__LookupResponse *b)
+{
+    if (a->lease_id != b->lease_id || a->num_hit_blocks != b->num_hit_blocks ||
+        a->num_hit_tokens != b->num_hit_tokens || a->num_query_blocks != b->num_query_blocks ||
+        a->n_blocks != b->n_blocks)
+        return false;
+    for (size_t i = 0; i < a->n_blocks; i++) {
+        const Tierkv__V1__BlockLoc *x = a->blocks[i], *y = b->blocks[i];
+        if (x->tier != y->tier || x->in_l2 != y->in_l2 || x->in_l3 != y->in_l3 ||
+            x->in_l1 != y->in_l1 || x->l2_offset != y->l2_offset || x->l1_offset != y->l1_offset)
+            return false;
+    }
+    return true;
+}
+
+/* A copy of enc (n bytes) with one u32 at byte off replaced by v, decoded: must be refused. */
+static bool refused_with(uint16_t op, const uint8_t *enc, size_t n, size_t off, uint32_t v)
+{
+    static uint8_t tmp[4096];
+    char why[160];
+    memcpy(tmp, enc, n);
+    memcpy(tmp + off, &v, 4);
+    ProtobufCMessage *m = tkv_fast_lean_reply_decode(op, tmp, n, why, sizeof(why));
+    free(m);
+    return m == NULL;
+}
+
+static int test_lean_reply(void)
+{
+    int rc = -1;
+    uint8_t *enc = NULL;
+    ProtobufCMessage *dec = NULL;
+    char why[160];
+    for (size_t i = 0; i < 17; i++) {
+        tierkv__v1__block_loc__init(&g_locs[i]);
+        g_locs[i].tier = (Tierkv__V1__Tier)(i % 4);
+        g_locs[i].in_l2 = i % 2;
+        g_locs[i].in_l3 = i % 3 == 0;
+        g_locs[i].in_l1 = i % 5 == 0;
+        g_locs[i].l2_offset = (uint64_t)i * 131072 + 7;
+        g_locs[i].l1_offset = i % 5 == 0 ? (uint64_t)1 << 40 | i : 0;
+        g_loc_ptrs[i] = &g_locs[i];
+    }
+    /* a batch of three: no hit, one block, sixteen */
+    Tierkv__V1__LookupResponse res[3], *res_ptrs[3] = {&res[0], &res[1], &res[2]};
+    fill_result(&res[0], 0, 0, 0);
+    fill_result(&res[1], 11, 1, 0);
+    fill_result(&res[2], UINT64_MAX, 16, 1);
+    Tierkv__V1__LookupBatchResponse batch = TIERKV__V1__LOOKUP_BATCH_RESPONSE__INIT;
+    batch.n_results = 3;
+    batch.results = res_ptrs;
+    size_t n = tkv_fast_lean_reply_size(&batch.base);
+    CHECK(n == sizeof(tkv_fast_reply_hdr) + 3 * sizeof(tkv_fast_result) + 17 * sizeof(tkv_fast_loc),
+          "lean batch reply: %zu bytes", n);
+    enc = malloc(n);
+    tkv_fast_lean_reply_encode(&batch.base, enc);
+    dec = tkv_fast_lean_reply_decode(TKV_FAST_LOOKUP_BATCH, enc, n, why, sizeof(why));
+    CHECK(dec && dec->descriptor == &tierkv__v1__lookup_batch_response__descriptor,
+          "lean batch reply does not decode: %s", dec ? "wrong type" : why);
+    const Tierkv__V1__LookupBatchResponse *db = (const Tierkv__V1__LookupBatchResponse *)dec;
+    CHECK(db->n_results == 3, "lean batch reply: %zu results", db->n_results);
+    for (int i = 0; i < 3; i++)
+        CHECK(same_result(db->results[i], &res[i]), "lean batch reply: result %d differs", i);
+    free(dec);
+    dec = NULL;
+    /* the batch's encoding is no single lookup's reply (3 results) */
+    CHECK(!tkv_fast_lean_reply_decode(TKV_FAST_LOOKUP, enc, n, why, sizeof(why)),
+          "three results taken as one lookup's reply");
+    /* out of range or lengths that do not add up: refused, whatever the place */
+    /* the third result's first location; its num_locs is the u32 before it */
+    size_t loc0 = sizeof(tkv_fast_reply_hdr) + 3 * sizeof(tkv_fast_result) + sizeof(tkv_fast_loc);
+    size_t loc_tier = loc0 + 2 * sizeof(uint64_t);
+    CHECK(!tkv_fast_lean_reply_decode(TKV_FAST_LOOKUP_BATCH, enc, n - 1, why, sizeof(why)) &&
+              !tkv_fast_lean_reply_decode(TKV_FAST_LOOKUP_BATCH, enc, n - sizeof(tkv_fast_loc),
+                                          why, sizeof(why)) &&
+              !tkv_fast_lean_reply_decode(TKV_FAST_PUT, enc, n, why, sizeof(why)),
+          "a cut reply, or one to a call without a lean reply, was taken");
+    CHECK(refused_with(TKV_FAST_LOOKUP_BATCH, enc, n, 0, TKV_FAST_MAX_PROMPTS + 1) &&
+              refused_with(TKV_FAST_LOOKUP_BATCH, enc, n, 0, 4) &&
+              refused_with(TKV_FAST_LOOKUP_BATCH, enc, n, 0, 2) &&
+              refused_with(TKV_FAST_LOOKUP_BATCH, enc, n, 4, 1) &&
+              refused_with(TKV_FAST_LOOKUP_BATCH, enc, n, loc0 - 4, 17) &&
+              refused_with(TKV_FAST_LOOKUP_BATCH, enc, n, loc0 - 4, 0xffffffffu) &&
+              refused_with(TKV_FAST_LOOKUP_BATCH, enc, n, loc_tier, 4) &&
+              refused_with(TKV_FAST_LOOKUP_BATCH, enc, n, loc_tier + 4, 2) &&
+              refused_with(TKV_FAST_LOOKUP_BATCH, enc, n, loc_tier + 4, 1u << 24),
+          "a reply with a field out of range was taken");
+    free(enc);
+    enc = NULL;
+    /* one lookup's reply, freed with free() alone (ASan sees a leak otherwise) */
+    n = tkv_fast_lean_reply_size(&res[2].base);
+    CHECK(n == sizeof(tkv_fast_reply_hdr) + sizeof(tkv_fast_result) + 16 * sizeof(tkv_fast_loc),
+          "lean lookup reply: %zu bytes", n);
+    enc = malloc(n);
+    tkv_fast_lean_reply_encode(&res[2].base, enc);
+    dec = tkv_fast_lean_reply_decode(TKV_FAST_LOOKUP, enc, n, why, sizeof(why));
+    CHECK(dec && dec->descriptor == &tierkv__v1__lookup_response__descriptor &&
+              same_result((const Tierkv__V1__LookupResponse *)dec, &res[2]),
+          "lean lookup reply does not come back: %s", dec ? "differs" : why);
+    Tierkv__V1__StatsRequest other = TIERKV__V1__STATS_REQUEST__INIT;
+    CHECK(tkv_fast_lean_reply_size(&other.base) == 0, "a Stats message has a lean size");
+    printf("fastpath: lean replies come back field for field; bad ones are refused\n");
+    rc = 0;
+fail:
+    free(dec);
+    free(enc);
+    return rc;
+}
+
 int main(void)
 {
+    if (test_lean_reply() != 0)
+        return 1;
     if (tkvt_daemon_start(&g_d, NULL) != 0)
         return 1;
     int rc = test_kill() == 0 && test_protocol() == 0 ? 0 : 1;
