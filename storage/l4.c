@@ -650,9 +650,10 @@ static conn *conn_take(tkv_l4 *l)
     return c;
 }
 
-/* Checks chunk value v (n bytes) against what block `key` chunk `c` must be. */
+/* Checks chunk value v (n bytes) against what block `key` chunk `c` must be; data_sum is
+ * tkv_csum64 of v's bytes after the header (taken by the router as they arrived). */
 static bool chunk_ok(const tkv_l4 *l, const tkv_key *key, uint32_t c, const uint8_t *v,
-                     size_t n, hdr *h)
+                     size_t n, uint64_t data_sum, hdr *h)
 {
     if (!hdr_read(v, n, h))
         return false;
@@ -663,7 +664,7 @@ static bool chunk_ok(const tkv_l4 *l, const tkv_key *key, uint32_t c, const uint
            h->num_chunks == l->num_chunks && h->record_bytes == l->record_bytes &&
            h->offset == off && h->chunk_bytes == want && n == TKV_L4_HEADER_BYTES + want &&
            h->num_tokens == l->o.block_tokens &&
-           tkv_csum64(v + TKV_L4_HEADER_BYTES, want) == h->chunk_csum;
+           data_sum == h->chunk_csum;
 }
 
 /* Copies chunk data (the record's bytes [off, off+n)) into the block's tokens / payload
@@ -761,7 +762,7 @@ int tkv_l4_fetch_prefix(tkv_l4 *l, const tkv_key *keys, size_t n, tkv_l4_block *
         argvlen[2 * i + 1] = tkv_l4_redis_key(&keys[i], 0, rkeys[i]);
         argv[2 * i + 1] = rkeys[i];
         cmds[i] = (tkv_rc_cmd){.argc = 2, .argv = argv + 2 * i, .argvlen = argvlen + 2 * i,
-                               .key_arg = 1};
+                               .key_arg = 1, .sum_reply = 1, .sum_from = TKV_L4_HEADER_BYTES};
     }
     tkv_rc_exec(cn->rc, cmds, n);
     size_t prefix = 0;
@@ -778,7 +779,8 @@ int tkv_l4_fetch_prefix(tkv_l4 *l, const tkv_key *keys, size_t n, tkv_l4_block *
                 argvlen[2 * k + 1] = tkv_l4_redis_key(&keys[i], c, rkeys[k]);
                 argv[2 * k + 1] = rkeys[k];
                 cmds[k] = (tkv_rc_cmd){.argc = 2, .argv = argv + 2 * k,
-                                       .argvlen = argvlen + 2 * k, .key_arg = 1};
+                                       .argvlen = argvlen + 2 * k, .key_arg = 1,
+                                       .sum_reply = 1, .sum_from = TKV_L4_HEADER_BYTES};
             }
         }
         tkv_rc_exec(cn->rc, cmds + n, more);
@@ -801,7 +803,8 @@ int tkv_l4_fetch_prefix(tkv_l4 *l, const tkv_key *keys, size_t n, tkv_l4_block *
             hdr h;
             const uint8_t *v = (const uint8_t *)cmd->reply->str;
             size_t vlen = cmd->reply->len;
-            if (!chunk_ok(l, &keys[i], c, v, vlen, &h) ||
+            /* not summed: shorter than a header, so damaged */
+            if (!cmd->summed || !chunk_ok(l, &keys[i], c, v, vlen, cmd->sum, &h) ||
                 (c > 0 && (h.record_csum != h0.record_csum ||
                            memcmp(h.parent.b, h0.parent.b, TKV_KEY_BYTES) != 0))) {
                 ok = false;
