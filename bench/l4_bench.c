@@ -2,16 +2,22 @@
  *
  * Starts a Redis Cluster of 3 masters on 127.0.0.1 (free high ports, a temp folder, no
  * persistence), then for each value size measures, in the same run and on the same cluster:
- *   redis-benchmark --cluster -t set,get -d <value bytes> -c 3 -P <pipeline>   (the peer)
+ *   redis-benchmark --cluster -t set,get -d <value bytes> -n 4N -c 3 -P <pipeline> (the peer:
+ *               in cluster mode one thread per master, each with one connection to it, so 3
+ *               connections with 16 requests in flight on each, 48 in all)
  *   tkv_l4 put: put_async of N blocks + flush (one writer, one pipeline per node)
  *   tkv_l4 get: fetch_prefix of the same N blocks, chains of --chain (16) blocks, from
- *               --readers (3) threads: as many GETs in flight as the peer's 3 clients x 16
+ *               --readers (3) threads, --passes (4) times over, so as many GETs as the peer
+ *               sends: each lookup spreads its 16 GETs over the masters, so 48 in flight in
+ *               all as in the peer (over 3 x 3 connections)
  * The value size is what one Redis value holds in both: a record of tokens + payload of
  * <value bytes> - 128 and the 128-byte header. Rates are value bytes per second; the ratio
- * l4 / redis-benchmark is what docs/perf.md quotes.
+ * l4 / redis-benchmark is what docs/perf.md quotes. Every block a lookup returns has passed the
+ * checks an engine's lookup makes (key, header, checksum); after the timed passes one more,
+ * untimed, compares every block's tokens and payload with what was put, byte for byte.
  *
- *   build/bench/l4_bench [--blocks N] [--chain K] [--pipeline P] [--readers T] [--reps R]
- *                        [--json FILE]
+ *   build/bench/l4_bench [--blocks N] [--chain K] [--pipeline P] [--readers T] [--passes G]
+ *                        [--reps R] [--size BYTES] [--json FILE]
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -222,26 +228,54 @@ typedef struct result {
 typedef struct reader {
     tkv_l4 *l4;
     const tkv_key *keys;
-    int n, chain;
+    int n, chain, passes;
     size_t found;
 } reader;
 
-/* One lookup after another over its share of the blocks, chain blocks each. */
+/* One lookup after another over its share of the blocks, chain blocks each, passes times. */
 static void *reader_main(void *arg)
 {
     reader *r = arg;
     tkv_l4_block *got = calloc((size_t)r->chain, sizeof(*got));
-    for (int i = 0; i < r->n; i += r->chain) {
-        size_t n = (size_t)(r->n - i < r->chain ? r->n - i : r->chain), found = 0;
-        tkv_l4_fetch_prefix(r->l4, r->keys + i, n, got, &found);
-        r->found += found;
-        tkv_l4_blocks_free(got, found);
+    for (int p = 0; p < r->passes; p++) {
+        for (int i = 0; i < r->n; i += r->chain) {
+            size_t n = (size_t)(r->n - i < r->chain ? r->n - i : r->chain), found = 0;
+            tkv_l4_fetch_prefix(r->l4, r->keys + i, n, got, &found);
+            r->found += found;
+            tkv_l4_blocks_free(got, found);
+        }
     }
     free(got);
     return NULL;
 }
 
-static int g_readers = 3;
+/* Reads every block once more and compares it with what was put (block i's payload is the
+ * common pattern with its first byte = i, its tokens 0). The number of blocks that differ. */
+static int verify_all(tkv_l4 *l4, const tkv_key *keys, int blocks, int chain, uint8_t *pay,
+                      size_t payload)
+{
+    tkv_l4_block *got = calloc((size_t)chain, sizeof(*got));
+    int wrong = 0;
+    for (int i = 0; i < blocks; i += chain) {
+        size_t n = (size_t)(blocks - i < chain ? blocks - i : chain), found = 0;
+        tkv_l4_fetch_prefix(l4, keys + i, n, got, &found);
+        wrong += (int)(n - found);
+        for (size_t k = 0; k < found; k++) {
+            int j = i + (int)k;
+            pay[0] = (uint8_t)j;
+            bool ok = memcmp(got[k].payload, pay, payload) == 0;
+            for (int t = 0; t < TOKENS && ok; t++)
+                ok = got[k].tokens[t] == 0;
+            ok = ok && memcmp(got[k].parent.b, keys[j ? j - 1 : 0].b, TKV_KEY_BYTES) == 0;
+            wrong += !ok;
+        }
+        tkv_l4_blocks_free(got, found);
+    }
+    free(got);
+    return wrong;
+}
+
+static int g_readers = 3, g_passes = 4;
 
 static int run_once(size_t value_bytes, int blocks, int chain, int pipeline, result *res)
 {
@@ -249,7 +283,7 @@ static int run_once(size_t value_bytes, int blocks, int chain, int pipeline, res
     res->value_bytes = value_bytes;
     double set_rps, get_rps;
     flushall();
-    if (peer(value_bytes, blocks * 4, pipeline, &set_rps, &get_rps) != 0) {
+    if (peer(value_bytes, blocks * g_passes, pipeline, &set_rps, &get_rps) != 0) {
         fprintf(stderr, "redis-benchmark failed\n");
         return -1;
     }
@@ -305,7 +339,8 @@ static int run_once(size_t value_bytes, int blocks, int chain, int pipeline, res
     t0 = now_s();
     for (int r = 0; r < g_readers; r++) {
         int from = blocks * r / g_readers, to = blocks * (r + 1) / g_readers;
-        rd[r] = (reader){.l4 = l4, .keys = keys + from, .n = to - from, .chain = chain};
+        rd[r] = (reader){.l4 = l4, .keys = keys + from, .n = to - from, .chain = chain,
+                         .passes = g_passes};
         pthread_create(&th[r], NULL, reader_main, &rd[r]);
     }
     size_t total = 0;
@@ -314,12 +349,18 @@ static int run_once(size_t value_bytes, int blocks, int chain, int pipeline, res
         total += rd[r].found;
     }
     double t_get = now_s() - t0;
-    if (total != (size_t)blocks) {
-        fprintf(stderr, "only %zu of %d blocks read back\n", total, blocks);
+    if (total != (size_t)blocks * (size_t)g_passes) {
+        fprintf(stderr, "only %zu of %d blocks read back\n", total, blocks * g_passes);
         rc = -1;
         goto out;
     }
-    res->l4_get_gbps = (double)blocks * (double)value_bytes / t_get / 1e9;
+    res->l4_get_gbps = (double)blocks * g_passes * (double)value_bytes / t_get / 1e9;
+    int wrong = verify_all(l4, keys, blocks, chain, pay, payload);
+    if (wrong) {
+        fprintf(stderr, "%d of %d blocks read back wrong or missing\n", wrong, blocks);
+        rc = -1;
+        goto out;
+    }
 out:
     tkv_l4_close(l4);
     free(keys);
@@ -366,6 +407,7 @@ static int run_size(size_t value_bytes, int blocks, int chain, int pipeline, res
 int main(int argc, char **argv)
 {
     int blocks = 256, chain = 16, pipeline = 16;
+    unsigned long long only_size = 0;
     const char *json = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--blocks") && i + 1 < argc)
@@ -378,18 +420,31 @@ int main(int argc, char **argv)
             g_readers = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
             g_reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--passes") && i + 1 < argc)
+            g_passes = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--size") && i + 1 < argc)
+            only_size = strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--json") && i + 1 < argc)
             json = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--blocks N] [--chain K] [--pipeline P] [--readers T] [--reps R] "
-                    "[--json FILE]\n",
+            fprintf(stderr, "usage: %s [--blocks N] [--chain K] [--pipeline P] [--readers T] "
+                    "[--passes G] [--reps R] [--size BYTES] [--json FILE]\n"
+                    "  --size: one value size (<= 1 MiB + 128: one chunk) instead of 64 KiB and\n"
+                    "          1 MiB + 128 (the header)\n"
+                    "  --passes: times the get reads the N blocks; the peer sends N x passes\n"
+                    "          requests of each kind (default 4)\n",
                     argv[0]);
             return 2;
         }
     }
     if (blocks < 1 || chain < 1 || pipeline < 1 || g_reps < 1 || g_reps > 16 || g_readers < 1 ||
-        g_readers > 16)
+        g_readers > 16 || g_passes < 1 || g_passes > 64 ||
+        (only_size &&
+         (only_size < TKV_L4_HEADER_BYTES + TOKENS * 4 + 8 ||
+          only_size > (1u << 20) + TKV_L4_HEADER_BYTES))) {
+        fprintf(stderr, "bad arguments (see --help)\n");
         return 2;
+    }
     if (system("command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null") != 0) {
         fprintf(stderr, "redis-server / redis-benchmark not installed\n");
         return 77;
@@ -401,12 +456,17 @@ int main(int argc, char **argv)
         stop_cluster();
         return 1;
     }
-    const size_t sizes[] = {64u << 10, (1u << 20) + TKV_L4_HEADER_BYTES};
+    size_t sizes[] = {64u << 10, (1u << 20) + TKV_L4_HEADER_BYTES};
+    int num_sizes = 2;
+    if (only_size) {
+        sizes[0] = (size_t)only_size;
+        num_sizes = 1;
+    }
     result res[2];
     int rc = 0;
     printf("%-12s %14s %14s %7s %14s %14s %7s\n", "value bytes", "r-b SET GB/s", "l4 put GB/s",
            "ratio", "r-b GET GB/s", "l4 get GB/s", "ratio");
-    for (int s = 0; s < 2 && rc == 0; s++) {
+    for (int s = 0; s < num_sizes && rc == 0; s++) {
         rc = run_size(sizes[s], blocks, chain, pipeline, &res[s]);
         if (rc == 0)
             printf("%-12zu %14.3f %14.3f %7.2f %14.3f %14.3f %7.2f\n", res[s].value_bytes,
@@ -417,9 +477,10 @@ int main(int argc, char **argv)
     if (rc == 0 && json) {
         FILE *f = fopen(json, "w");
         if (f) {
-            fprintf(f, "{\"bench\":\"l4\",\"blocks\":%d,\"chain\":%d,\"pipeline\":%d,\"sizes\":[",
-                    blocks, chain, pipeline);
-            for (int s = 0; s < 2; s++)
+            fprintf(f, "{\"bench\":\"l4\",\"blocks\":%d,\"chain\":%d,\"pipeline\":%d,"
+                    "\"readers\":%d,\"passes\":%d,\"sizes\":[", blocks, chain, pipeline, g_readers,
+                    g_passes);
+            for (int s = 0; s < num_sizes; s++)
                 fprintf(f, "%s{\"value_bytes\":%zu,\"peer_set_gbps\":%.4f,\"l4_put_gbps\":%.4f,"
                         "\"peer_get_gbps\":%.4f,\"l4_get_gbps\":%.4f}", s ? "," : "",
                         res[s].value_bytes, res[s].peer_set_gbps, res[s].l4_put_gbps,
