@@ -2,14 +2,15 @@
  *
  * Starts a Redis Cluster of 3 masters on 127.0.0.1 (free high ports, a temp folder, no
  * persistence), then for each value size measures, in the same run and on the same cluster:
- *   redis-benchmark --cluster -t set,get -d <value bytes> -n 4N -c 3 -P <pipeline> (the peer:
+ *   redis-benchmark --cluster -t set,get -d <value bytes> -n PN -c 3 -P <pipeline> (the peer:
  *               in cluster mode one thread per master, each with one connection to it, so 3
  *               connections with 16 requests in flight on each, 48 in all)
- *   tkv_l4 put: put_async of N blocks + flush (one writer, one pipeline per node)
- *   tkv_l4 get: fetch_prefix of the same N blocks, chains of --chain (16) blocks, from
- *               --readers (3) threads, --passes (4) times over, so as many GETs as the peer
- *               sends: each lookup spreads its 16 GETs over the masters, so 48 in flight in
- *               all as in the peer (over 3 x 3 connections)
+ *   tkv_l4 put: put_async of P x N blocks (--passes P = 4, --blocks N = 256), a flush after
+ *               each N (one writer, one pipeline per node): as many SETs as the peer's
+ *   tkv_l4 get: fetch_prefix of the same P x N blocks, chains of --chain (16) blocks, from
+ *               --readers (3) threads: as many GETs as the peer's; each lookup spreads its
+ *               16 GETs over the masters, so 48 in flight in all as in the peer (over 3 x 3
+ *               connections)
  * The value size is what one Redis value holds in both: a record of tokens + payload of
  * <value bytes> - 128 and the 128-byte header. Rates are value bytes per second; the ratio
  * l4 / redis-benchmark is what docs/perf.md quotes. Every block a lookup returns has passed the
@@ -228,22 +229,20 @@ typedef struct result {
 typedef struct reader {
     tkv_l4 *l4;
     const tkv_key *keys;
-    int n, chain, passes;
+    int n, chain;
     size_t found;
 } reader;
 
-/* One lookup after another over its share of the blocks, chain blocks each, passes times. */
+/* One lookup after another over its share of the blocks, chain blocks each. */
 static void *reader_main(void *arg)
 {
     reader *r = arg;
     tkv_l4_block *got = calloc((size_t)r->chain, sizeof(*got));
-    for (int p = 0; p < r->passes; p++) {
-        for (int i = 0; i < r->n; i += r->chain) {
-            size_t n = (size_t)(r->n - i < r->chain ? r->n - i : r->chain), found = 0;
-            tkv_l4_fetch_prefix(r->l4, r->keys + i, n, got, &found);
-            r->found += found;
-            tkv_l4_blocks_free(got, found);
-        }
+    for (int i = 0; i < r->n; i += r->chain) {
+        size_t n = (size_t)(r->n - i < r->chain ? r->n - i : r->chain), found = 0;
+        tkv_l4_fetch_prefix(r->l4, r->keys + i, n, got, &found);
+        r->found += found;
+        tkv_l4_blocks_free(got, found);
     }
     free(got);
     return NULL;
@@ -283,7 +282,8 @@ static int run_once(size_t value_bytes, int blocks, int chain, int pipeline, res
     res->value_bytes = value_bytes;
     double set_rps, get_rps;
     flushall();
-    if (peer(value_bytes, blocks * g_passes, pipeline, &set_rps, &get_rps) != 0) {
+    int total_blocks = blocks * g_passes;
+    if (peer(value_bytes, total_blocks, pipeline, &set_rps, &get_rps) != 0) {
         fprintf(stderr, "redis-benchmark failed\n");
         return -1;
     }
@@ -305,15 +305,16 @@ static int run_once(size_t value_bytes, int blocks, int chain, int pipeline, res
     tkv_l4_opts_free(o);
     if (rc != TKV_OK)
         return -1;
-    tkv_key *keys = calloc((size_t)blocks, sizeof(tkv_key));
+    tkv_key *keys = calloc((size_t)total_blocks, sizeof(tkv_key));
     uint8_t *pay = malloc(payload);
     uint32_t tok[TOKENS] = {0};
     fill(pay, payload, value_bytes);
-    for (int i = 0; i < blocks; i++)
+    for (int i = 0; i < total_blocks; i++)
         fill(keys[i].b, TKV_KEY_BYTES, (uint64_t)i * 7919 + value_bytes);
 
+    /* N blocks, then a flush, P times: the write queue never holds more than N blocks */
     double t0 = now_s();
-    for (int i = 0; i < blocks; i++) {
+    for (int i = 0; i < total_blocks; i++) {
         pay[0] = (uint8_t)i;
         if (tkv_l4_put_async(l4, &keys[i], i ? &keys[i - 1] : &keys[0], tok, TOKENS, pay,
                              payload) != TKV_OK) {
@@ -321,26 +322,27 @@ static int run_once(size_t value_bytes, int blocks, int chain, int pipeline, res
             rc = -1;
             goto out;
         }
+        if ((i + 1) % blocks == 0)
+            tkv_l4_flush(l4, -1);
     }
     tkv_l4_flush(l4, -1);
     double t_put = now_s() - t0;
     tkv_l4_stats st;
     tkv_l4_get_stats(l4, &st);
-    if (st.put_blocks != (uint64_t)blocks) {
+    if (st.put_blocks != (uint64_t)total_blocks) {
         fprintf(stderr, "only %llu of %d blocks written\n", (unsigned long long)st.put_blocks,
-                blocks);
+                total_blocks);
         rc = -1;
         goto out;
     }
-    res->l4_put_gbps = (double)blocks * (double)value_bytes / t_put / 1e9;
+    res->l4_put_gbps = (double)total_blocks * (double)value_bytes / t_put / 1e9;
 
     reader rd[16];
     pthread_t th[16];
     t0 = now_s();
     for (int r = 0; r < g_readers; r++) {
-        int from = blocks * r / g_readers, to = blocks * (r + 1) / g_readers;
-        rd[r] = (reader){.l4 = l4, .keys = keys + from, .n = to - from, .chain = chain,
-                         .passes = g_passes};
+        int from = total_blocks * r / g_readers, to = total_blocks * (r + 1) / g_readers;
+        rd[r] = (reader){.l4 = l4, .keys = keys + from, .n = to - from, .chain = chain};
         pthread_create(&th[r], NULL, reader_main, &rd[r]);
     }
     size_t total = 0;
@@ -349,15 +351,15 @@ static int run_once(size_t value_bytes, int blocks, int chain, int pipeline, res
         total += rd[r].found;
     }
     double t_get = now_s() - t0;
-    if (total != (size_t)blocks * (size_t)g_passes) {
-        fprintf(stderr, "only %zu of %d blocks read back\n", total, blocks * g_passes);
+    if (total != (size_t)total_blocks) {
+        fprintf(stderr, "only %zu of %d blocks read back\n", total, total_blocks);
         rc = -1;
         goto out;
     }
-    res->l4_get_gbps = (double)blocks * g_passes * (double)value_bytes / t_get / 1e9;
-    int wrong = verify_all(l4, keys, blocks, chain, pay, payload);
+    res->l4_get_gbps = (double)total_blocks * (double)value_bytes / t_get / 1e9;
+    int wrong = verify_all(l4, keys, total_blocks, chain, pay, payload);
     if (wrong) {
-        fprintf(stderr, "%d of %d blocks read back wrong or missing\n", wrong, blocks);
+        fprintf(stderr, "%d of %d blocks read back wrong or missing\n", wrong, total_blocks);
         rc = -1;
         goto out;
     }
@@ -431,8 +433,8 @@ int main(int argc, char **argv)
                     "[--passes G] [--reps R] [--size BYTES] [--json FILE]\n"
                     "  --size: one value size (<= 1 MiB + 128: one chunk) instead of 64 KiB and\n"
                     "          1 MiB + 128 (the header)\n"
-                    "  --passes: times the get reads the N blocks; the peer sends N x passes\n"
-                    "          requests of each kind (default 4)\n",
+                    "  --passes P: tkv_l4 puts and gets P x N blocks (a flush after each N);\n"
+                    "          the peer sends P x N requests of each kind (default 4)\n",
                     argv[0]);
             return 2;
         }
