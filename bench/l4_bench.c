@@ -2,16 +2,23 @@
  *
  * Starts a Redis Cluster of 3 masters on 127.0.0.1 (free high ports, a temp folder, no
  * persistence), then for each value size measures, in the same run and on the same cluster:
- *   redis-benchmark --cluster -t set,get -d <value bytes> -c 3 -P <pipeline>   (the peer)
- *   tkv_l4 put: put_async of N blocks + flush (one writer, one pipeline per node)
- *   tkv_l4 get: fetch_prefix of the same N blocks, chains of --chain (16) blocks, from
- *               --readers (3) threads: as many GETs in flight as the peer's 3 clients x 16
+ *   redis-benchmark --cluster -t set,get -d <value bytes> -n PN -c 3 -P <pipeline> (the peer:
+ *               in cluster mode one thread per master, each with one connection to it, so 3
+ *               connections with 16 requests in flight on each, 48 in all)
+ *   tkv_l4 put: put_async of P x N blocks (--passes P = 4, --blocks N = 256), a flush after
+ *               each N (one writer, one pipeline per node): as many SETs as the peer's
+ *   tkv_l4 get: fetch_prefix of the same P x N blocks, chains of --chain (16) blocks, from
+ *               --readers (3) threads: as many GETs as the peer's; each lookup spreads its
+ *               16 GETs over the masters, so 48 in flight in all as in the peer (over 3 x 3
+ *               connections)
  * The value size is what one Redis value holds in both: a record of tokens + payload of
  * <value bytes> - 128 and the 128-byte header. Rates are value bytes per second; the ratio
- * l4 / redis-benchmark is what docs/perf.md quotes.
+ * l4 / redis-benchmark is what docs/perf.md quotes. Every block a lookup returns has passed the
+ * checks an engine's lookup makes (key, header, checksum); after the timed passes one more,
+ * untimed, compares every block's tokens and payload with what was put, byte for byte.
  *
- *   build/bench/l4_bench [--blocks N] [--chain K] [--pipeline P] [--readers T] [--reps R]
- *                        [--json FILE]
+ *   build/bench/l4_bench [--blocks N] [--chain K] [--pipeline P] [--readers T] [--passes G]
+ *                        [--reps R] [--size BYTES] [--json FILE]
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -241,7 +248,33 @@ static void *reader_main(void *arg)
     return NULL;
 }
 
-static int g_readers = 3;
+/* Reads every block once more and compares it with what was put (block i's payload is the
+ * common pattern with its first byte = i, its tokens 0). The number of blocks that differ. */
+static int verify_all(tkv_l4 *l4, const tkv_key *keys, int blocks, int chain, uint8_t *pay,
+                      size_t payload)
+{
+    tkv_l4_block *got = calloc((size_t)chain, sizeof(*got));
+    int wrong = 0;
+    for (int i = 0; i < blocks; i += chain) {
+        size_t n = (size_t)(blocks - i < chain ? blocks - i : chain), found = 0;
+        tkv_l4_fetch_prefix(l4, keys + i, n, got, &found);
+        wrong += (int)(n - found);
+        for (size_t k = 0; k < found; k++) {
+            int j = i + (int)k;
+            pay[0] = (uint8_t)j;
+            bool ok = memcmp(got[k].payload, pay, payload) == 0;
+            for (int t = 0; t < TOKENS && ok; t++)
+                ok = got[k].tokens[t] == 0;
+            ok = ok && memcmp(got[k].parent.b, keys[j ? j - 1 : 0].b, TKV_KEY_BYTES) == 0;
+            wrong += !ok;
+        }
+        tkv_l4_blocks_free(got, found);
+    }
+    free(got);
+    return wrong;
+}
+
+static int g_readers = 3, g_passes = 4;
 
 static int run_once(size_t value_bytes, int blocks, int chain, int pipeline, result *res)
 {
@@ -249,7 +282,8 @@ static int run_once(size_t value_bytes, int blocks, int chain, int pipeline, res
     res->value_bytes = value_bytes;
     double set_rps, get_rps;
     flushall();
-    if (peer(value_bytes, blocks * 4, pipeline, &set_rps, &get_rps) != 0) {
+    int total_blocks = blocks * g_passes;
+    if (peer(value_bytes, total_blocks, pipeline, &set_rps, &get_rps) != 0) {
         fprintf(stderr, "redis-benchmark failed\n");
         return -1;
     }
@@ -271,15 +305,16 @@ static int run_once(size_t value_bytes, int blocks, int chain, int pipeline, res
     tkv_l4_opts_free(o);
     if (rc != TKV_OK)
         return -1;
-    tkv_key *keys = calloc((size_t)blocks, sizeof(tkv_key));
+    tkv_key *keys = calloc((size_t)total_blocks, sizeof(tkv_key));
     uint8_t *pay = malloc(payload);
     uint32_t tok[TOKENS] = {0};
     fill(pay, payload, value_bytes);
-    for (int i = 0; i < blocks; i++)
+    for (int i = 0; i < total_blocks; i++)
         fill(keys[i].b, TKV_KEY_BYTES, (uint64_t)i * 7919 + value_bytes);
 
+    /* N blocks, then a flush, P times: the write queue never holds more than N blocks */
     double t0 = now_s();
-    for (int i = 0; i < blocks; i++) {
+    for (int i = 0; i < total_blocks; i++) {
         pay[0] = (uint8_t)i;
         if (tkv_l4_put_async(l4, &keys[i], i ? &keys[i - 1] : &keys[0], tok, TOKENS, pay,
                              payload) != TKV_OK) {
@@ -287,24 +322,26 @@ static int run_once(size_t value_bytes, int blocks, int chain, int pipeline, res
             rc = -1;
             goto out;
         }
+        if ((i + 1) % blocks == 0)
+            tkv_l4_flush(l4, -1);
     }
     tkv_l4_flush(l4, -1);
     double t_put = now_s() - t0;
     tkv_l4_stats st;
     tkv_l4_get_stats(l4, &st);
-    if (st.put_blocks != (uint64_t)blocks) {
+    if (st.put_blocks != (uint64_t)total_blocks) {
         fprintf(stderr, "only %llu of %d blocks written\n", (unsigned long long)st.put_blocks,
-                blocks);
+                total_blocks);
         rc = -1;
         goto out;
     }
-    res->l4_put_gbps = (double)blocks * (double)value_bytes / t_put / 1e9;
+    res->l4_put_gbps = (double)total_blocks * (double)value_bytes / t_put / 1e9;
 
     reader rd[16];
     pthread_t th[16];
     t0 = now_s();
     for (int r = 0; r < g_readers; r++) {
-        int from = blocks * r / g_readers, to = blocks * (r + 1) / g_readers;
+        int from = total_blocks * r / g_readers, to = total_blocks * (r + 1) / g_readers;
         rd[r] = (reader){.l4 = l4, .keys = keys + from, .n = to - from, .chain = chain};
         pthread_create(&th[r], NULL, reader_main, &rd[r]);
     }
@@ -314,12 +351,18 @@ static int run_once(size_t value_bytes, int blocks, int chain, int pipeline, res
         total += rd[r].found;
     }
     double t_get = now_s() - t0;
-    if (total != (size_t)blocks) {
-        fprintf(stderr, "only %zu of %d blocks read back\n", total, blocks);
+    if (total != (size_t)total_blocks) {
+        fprintf(stderr, "only %zu of %d blocks read back\n", total, total_blocks);
         rc = -1;
         goto out;
     }
-    res->l4_get_gbps = (double)blocks * (double)value_bytes / t_get / 1e9;
+    res->l4_get_gbps = (double)total_blocks * (double)value_bytes / t_get / 1e9;
+    int wrong = verify_all(l4, keys, total_blocks, chain, pay, payload);
+    if (wrong) {
+        fprintf(stderr, "%d of %d blocks read back wrong or missing\n", wrong, total_blocks);
+        rc = -1;
+        goto out;
+    }
 out:
     tkv_l4_close(l4);
     free(keys);
@@ -366,6 +409,7 @@ static int run_size(size_t value_bytes, int blocks, int chain, int pipeline, res
 int main(int argc, char **argv)
 {
     int blocks = 256, chain = 16, pipeline = 16;
+    unsigned long long only_size = 0;
     const char *json = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--blocks") && i + 1 < argc)
@@ -378,18 +422,31 @@ int main(int argc, char **argv)
             g_readers = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
             g_reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--passes") && i + 1 < argc)
+            g_passes = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--size") && i + 1 < argc)
+            only_size = strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--json") && i + 1 < argc)
             json = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--blocks N] [--chain K] [--pipeline P] [--readers T] [--reps R] "
-                    "[--json FILE]\n",
+            fprintf(stderr, "usage: %s [--blocks N] [--chain K] [--pipeline P] [--readers T] "
+                    "[--passes G] [--reps R] [--size BYTES] [--json FILE]\n"
+                    "  --size: one value size (<= 1 MiB + 128: one chunk) instead of 64 KiB and\n"
+                    "          1 MiB + 128 (the header)\n"
+                    "  --passes P: tkv_l4 puts and gets P x N blocks (a flush after each N);\n"
+                    "          the peer sends P x N requests of each kind (default 4)\n",
                     argv[0]);
             return 2;
         }
     }
     if (blocks < 1 || chain < 1 || pipeline < 1 || g_reps < 1 || g_reps > 16 || g_readers < 1 ||
-        g_readers > 16)
+        g_readers > 16 || g_passes < 1 || g_passes > 64 ||
+        (only_size &&
+         (only_size < TKV_L4_HEADER_BYTES + TOKENS * 4 + 8 ||
+          only_size > (1u << 20) + TKV_L4_HEADER_BYTES))) {
+        fprintf(stderr, "bad arguments (see --help)\n");
         return 2;
+    }
     if (system("command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null") != 0) {
         fprintf(stderr, "redis-server / redis-benchmark not installed\n");
         return 77;
@@ -401,12 +458,17 @@ int main(int argc, char **argv)
         stop_cluster();
         return 1;
     }
-    const size_t sizes[] = {64u << 10, (1u << 20) + TKV_L4_HEADER_BYTES};
+    size_t sizes[] = {64u << 10, (1u << 20) + TKV_L4_HEADER_BYTES};
+    int num_sizes = 2;
+    if (only_size) {
+        sizes[0] = (size_t)only_size;
+        num_sizes = 1;
+    }
     result res[2];
     int rc = 0;
     printf("%-12s %14s %14s %7s %14s %14s %7s\n", "value bytes", "r-b SET GB/s", "l4 put GB/s",
            "ratio", "r-b GET GB/s", "l4 get GB/s", "ratio");
-    for (int s = 0; s < 2 && rc == 0; s++) {
+    for (int s = 0; s < num_sizes && rc == 0; s++) {
         rc = run_size(sizes[s], blocks, chain, pipeline, &res[s]);
         if (rc == 0)
             printf("%-12zu %14.3f %14.3f %7.2f %14.3f %14.3f %7.2f\n", res[s].value_bytes,
@@ -417,9 +479,10 @@ int main(int argc, char **argv)
     if (rc == 0 && json) {
         FILE *f = fopen(json, "w");
         if (f) {
-            fprintf(f, "{\"bench\":\"l4\",\"blocks\":%d,\"chain\":%d,\"pipeline\":%d,\"sizes\":[",
-                    blocks, chain, pipeline);
-            for (int s = 0; s < 2; s++)
+            fprintf(f, "{\"bench\":\"l4\",\"blocks\":%d,\"chain\":%d,\"pipeline\":%d,"
+                    "\"readers\":%d,\"passes\":%d,\"sizes\":[", blocks, chain, pipeline, g_readers,
+                    g_passes);
+            for (int s = 0; s < num_sizes; s++)
                 fprintf(f, "%s{\"value_bytes\":%zu,\"peer_set_gbps\":%.4f,\"l4_put_gbps\":%.4f,"
                         "\"peer_get_gbps\":%.4f,\"l4_get_gbps\":%.4f}", s ? "," : "",
                         res[s].value_bytes, res[s].peer_set_gbps, res[s].l4_put_gbps,

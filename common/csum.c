@@ -33,29 +33,67 @@ static inline uint64_t fmix(uint64_t x)
 static uint64_t finish(uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3, const uint8_t *p,
                        size_t n, size_t len);
 
-uint64_t tkv_csum64(const void *data, size_t len)
+#define SEED0 0x243F6A8885A308D3ull
+#define SEED1 0x13198A2E03707344ull
+#define SEED2 0xA4093822299F31D0ull
+#define SEED3 0x082EFA98EC4E6C89ull
+
+/* The 32-byte steps over p[0..n - n % 32); returns the bytes taken. */
+static inline size_t absorb(uint64_t *a, const uint8_t *p, size_t n)
 {
-    const uint8_t *p = data;
-    uint64_t a0 = 0x243F6A8885A308D3ull, a1 = 0x13198A2E03707344ull;
-    uint64_t a2 = 0xA4093822299F31D0ull, a3 = 0x082EFA98EC4E6C89ull;
-    size_t n = len;
-    while (n >= 32) {
+    uint64_t a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
+    size_t left = n;
+    while (left >= 32) {
         a0 = lane_step(a0, load64(p));
         a1 = lane_step(a1, load64(p + 8));
         a2 = lane_step(a2, load64(p + 16));
         a3 = lane_step(a3, load64(p + 24));
         p += 32;
-        n -= 32;
+        left -= 32;
     }
-    return finish(a0, a1, a2, a3, p, n, len);
+    a[0] = a0;
+    a[1] = a1;
+    a[2] = a2;
+    a[3] = a3;
+    return n - left;
+}
+
+uint64_t tkv_csum64(const void *data, size_t len)
+{
+    uint64_t a[4] = {SEED0, SEED1, SEED2, SEED3};
+    size_t took = absorb(a, data, len);
+    return finish(a[0], a[1], a[2], a[3], (const uint8_t *)data + took, len - took, len);
+}
+
+void tkv_csum64_begin(tkv_csum64_state *st)
+{
+    st->lane[0] = SEED0;
+    st->lane[1] = SEED1;
+    st->lane[2] = SEED2;
+    st->lane[3] = SEED3;
+    st->bytes = 0;
+}
+
+size_t tkv_csum64_update(tkv_csum64_state *st, const void *data, size_t len)
+{
+    size_t took = absorb(st->lane, data, len);
+    st->bytes += took;
+    return took;
+}
+
+uint64_t tkv_csum64_end(tkv_csum64_state *st, const void *rest, size_t len)
+{
+    size_t took = absorb(st->lane, rest, len);
+    uint64_t total = st->bytes + len;
+    return finish(st->lane[0], st->lane[1], st->lane[2], st->lane[3],
+                  (const uint8_t *)rest + took, len - took, (size_t)total);
 }
 
 uint64_t tkv_csum64_copy(void *dst, const void *src, size_t len)
 {
     const uint8_t *p = src;
     uint8_t *d = dst;
-    uint64_t a0 = 0x243F6A8885A308D3ull, a1 = 0x13198A2E03707344ull;
-    uint64_t a2 = 0xA4093822299F31D0ull, a3 = 0x082EFA98EC4E6C89ull;
+    uint64_t a0 = SEED0, a1 = SEED1, a2 = SEED2, a3 = SEED3;
     size_t n = len;
     while (n >= 32) {
         uint64_t v0 = load64(p), v1 = load64(p + 8), v2 = load64(p + 16), v3 = load64(p + 24);

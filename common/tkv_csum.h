@@ -19,4 +19,21 @@ uint64_t tkv_csum64(const void *data, size_t len);
  * of the source instead of two, for the put path. */
 uint64_t tkv_csum64_copy(void *dst, const void *src, size_t len);
 
+/* The same sum taken piecewise, for bytes that arrive in parts (a value read from a socket is
+ * summed right after each read, while it is still in cache):
+ *   tkv_csum64_state st; tkv_csum64_begin(&st);
+ *   p += tkv_csum64_update(&st, p, n);   (any number of times)
+ *   sum = tkv_csum64_end(&st, p, rest);
+ * update takes the largest multiple of 32 bytes of what it is given and returns how many it
+ * took; the caller hands the rest in again (with what follows) or to end, which takes any
+ * length. The result equals tkv_csum64 of all the bytes in order. */
+typedef struct tkv_csum64_state {
+    uint64_t lane[4];
+    uint64_t bytes; /* taken so far */
+} tkv_csum64_state;
+
+void tkv_csum64_begin(tkv_csum64_state *st);
+size_t tkv_csum64_update(tkv_csum64_state *st, const void *data, size_t len);
+uint64_t tkv_csum64_end(tkv_csum64_state *st, const void *rest, size_t len);
+
 #endif

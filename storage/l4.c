@@ -306,7 +306,7 @@ static void wrec_free(wrec *w)
 {
     if (!w)
         return;
-    free(w->buf);
+    tkv_rc_buf_release(w->buf);
     free(w->val_off);
     free(w->val_len);
     free(w);
@@ -432,7 +432,9 @@ int tkv_l4_put_async(tkv_l4 *l, const tkv_key *key, const tkv_key *parent,
     w->key = *key;
     w->num_chunks = l->num_chunks;
     w->bytes = total;
-    w->buf = tkv_xmalloc(total);
+    /* from the router's list of large buffers, where the writer gives it back: a fresh 1 MiB
+     * block per put faulted in ~250 pages (zeroed by the kernel) only to be freed again */
+    w->buf = tkv_rc_buf_get(total);
     w->val_off = tkv_xmalloc(w->num_chunks * sizeof(size_t));
     w->val_len = tkv_xmalloc(w->num_chunks * sizeof(size_t));
     size_t tok_bytes = (size_t)num_tokens * 4;
@@ -650,9 +652,10 @@ static conn *conn_take(tkv_l4 *l)
     return c;
 }
 
-/* Checks chunk value v (n bytes) against what block `key` chunk `c` must be. */
+/* Checks chunk value v (n bytes) against what block `key` chunk `c` must be; data_sum is
+ * tkv_csum64 of v's bytes after the header (taken by the router as they arrived). */
 static bool chunk_ok(const tkv_l4 *l, const tkv_key *key, uint32_t c, const uint8_t *v,
-                     size_t n, hdr *h)
+                     size_t n, uint64_t data_sum, hdr *h)
 {
     if (!hdr_read(v, n, h))
         return false;
@@ -663,7 +666,7 @@ static bool chunk_ok(const tkv_l4 *l, const tkv_key *key, uint32_t c, const uint
            h->num_chunks == l->num_chunks && h->record_bytes == l->record_bytes &&
            h->offset == off && h->chunk_bytes == want && n == TKV_L4_HEADER_BYTES + want &&
            h->num_tokens == l->o.block_tokens &&
-           tkv_csum64(v + TKV_L4_HEADER_BYTES, want) == h->chunk_csum;
+           data_sum == h->chunk_csum;
 }
 
 /* Copies chunk data (the record's bytes [off, off+n)) into the block's tokens / payload
@@ -761,7 +764,7 @@ int tkv_l4_fetch_prefix(tkv_l4 *l, const tkv_key *keys, size_t n, tkv_l4_block *
         argvlen[2 * i + 1] = tkv_l4_redis_key(&keys[i], 0, rkeys[i]);
         argv[2 * i + 1] = rkeys[i];
         cmds[i] = (tkv_rc_cmd){.argc = 2, .argv = argv + 2 * i, .argvlen = argvlen + 2 * i,
-                               .key_arg = 1};
+                               .key_arg = 1, .sum_reply = 1, .sum_from = TKV_L4_HEADER_BYTES};
     }
     tkv_rc_exec(cn->rc, cmds, n);
     size_t prefix = 0;
@@ -778,7 +781,8 @@ int tkv_l4_fetch_prefix(tkv_l4 *l, const tkv_key *keys, size_t n, tkv_l4_block *
                 argvlen[2 * k + 1] = tkv_l4_redis_key(&keys[i], c, rkeys[k]);
                 argv[2 * k + 1] = rkeys[k];
                 cmds[k] = (tkv_rc_cmd){.argc = 2, .argv = argv + 2 * k,
-                                       .argvlen = argvlen + 2 * k, .key_arg = 1};
+                                       .argvlen = argvlen + 2 * k, .key_arg = 1,
+                                       .sum_reply = 1, .sum_from = TKV_L4_HEADER_BYTES};
             }
         }
         tkv_rc_exec(cn->rc, cmds + n, more);
@@ -801,7 +805,8 @@ int tkv_l4_fetch_prefix(tkv_l4 *l, const tkv_key *keys, size_t n, tkv_l4_block *
             hdr h;
             const uint8_t *v = (const uint8_t *)cmd->reply->str;
             size_t vlen = cmd->reply->len;
-            if (!chunk_ok(l, &keys[i], c, v, vlen, &h) ||
+            /* not summed: shorter than a header, so damaged */
+            if (!cmd->summed || !chunk_ok(l, &keys[i], c, v, vlen, cmd->sum, &h) ||
                 (c > 0 && (h.record_csum != h0.record_csum ||
                            memcmp(h.parent.b, h0.parent.b, TKV_KEY_BYTES) != 0))) {
                 ok = false;

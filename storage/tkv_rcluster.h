@@ -61,12 +61,20 @@ typedef struct tkv_rc_cmd {
     const char **argv;
     const size_t *argvlen;
     int key_arg;                /* index of the key in argv (1 for GET/SET/EXISTS/DEL) */
+    /* in, optional: when sum_reply is set and the answer is a string of at least sum_from
+     * bytes, `sum` receives tkv_csum64 of its bytes [sum_from, len). A large string is summed
+     * piece by piece as it comes off the socket, while those bytes are still in cache, instead
+     * of in a second pass over the whole value once the batch is done. */
+    int sum_reply;
+    size_t sum_from;
     /* out: */
     redisReply *reply;          /* the answer (any type but a redirect); caller frees with
                                    tkv_rc_reply_free (or freeReplyObject); NULL when
                                    status != TKV_OK */
     int status;                 /* TKV_OK; TKV_EIO (node down, cluster down, error reply);
                                    TKV_ETIMEDOUT */
+    int summed;                 /* 1 when `sum` holds the sum asked for by sum_reply */
+    uint64_t sum;
 } tkv_rc_cmd;
 
 /* Runs the commands as one pipeline per node, following up to 5 redirects per command.

@@ -78,6 +78,41 @@ START_TEST(lengths_are_told_apart)
 }
 END_TEST
 
+START_TEST(piecewise_sum_matches_the_whole_at_any_split)
+{
+    /* the values are pinned: L3 records on disk carry this sum, so it must never change */
+    uint8_t buf[1000];
+    for (size_t i = 0; i < sizeof(buf); i++)
+        buf[i] = (uint8_t)(i * 131u + 7u);
+    ck_assert_uint_eq(tkv_csum64(buf, 0), 0x21fbe99a0d13ad7bull);
+    ck_assert_uint_eq(tkv_csum64(buf, 33), 0xce430a82ae19d334ull);
+    ck_assert_uint_eq(tkv_csum64(buf, 1000), 0xf8ddc86de4260e3bull);
+    uint32_t seed = 5;
+    for (size_t len = 0; len <= sizeof(buf); len += len < 80 ? 1 : 37) {
+        for (int trial = 0; trial < 20; trial++) {
+            /* feed pieces of random sizes, handing back what update did not take */
+            tkv_csum64_state st;
+            tkv_csum64_begin(&st);
+            size_t pos = 0, pending = 0;
+            while (pos + pending < len) {
+                seed = seed * 1664525u + 1013904223u;
+                size_t more = (seed >> 20) % 97;
+                if (more > len - pos - pending)
+                    more = len - pos - pending;
+                pending += more;
+                size_t took = tkv_csum64_update(&st, buf + pos, pending);
+                ck_assert_uint_eq(took % 32, 0);
+                ck_assert_uint_le(took, pending);
+                ck_assert_uint_lt(pending - took, 32);
+                pos += took;
+                pending -= took;
+            }
+            ck_assert_uint_eq(tkv_csum64_end(&st, buf + pos, pending), tkv_csum64(buf, len));
+        }
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("csum");
@@ -85,6 +120,7 @@ int main(void)
     tcase_add_test(tc, copy_variant_matches_at_every_length_and_alignment);
     tcase_add_test(tc, every_single_bit_flip_is_detected);
     tcase_add_test(tc, lengths_are_told_apart);
+    tcase_add_test(tc, piecewise_sum_matches_the_whole_at_any_split);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
