@@ -229,9 +229,13 @@ static size_t parse_records(const uint8_t *p, size_t n, fz_rec *out, size_t cap)
 static void recover_and_read(const uint8_t *img, size_t img_len, fz_rec *recs, size_t n,
                              int forged)
 {
-    if (ftruncate(g_segfd, 0) != 0 || (img_len && pwrite(g_segfd, img, img_len, 0) !=
-                                                       (ssize_t)img_len))
+    /* Written over the last image and cut to length only when that differs: no page of the
+     * memfd is freed and allocated again per input. */
+    static size_t size;
+    if ((img_len && pwrite(g_segfd, img, img_len, 0) != (ssize_t)img_len) ||
+        (size != img_len && ftruncate(g_segfd, (off_t)img_len) != 0))
         abort();
+    size = img_len;
     l3_seg *s = tkv_xcalloc(1, sizeof(*s));
     s->id = g_seg_id;
     s->fd = dup(g_segfd);
@@ -289,6 +293,8 @@ static void recover_and_read(const uint8_t *img, size_t img_len, fz_rec *recs, s
             abort();
     }
 
+    if (g_l3->segs[g_seg_id])
+        size = g_l3->segs[g_seg_id]->end; /* recovery may have cut the file */
     rocksdb_writebatch_destroy(st.a.drop);
     free(st.a.ref_end);
     for (uint32_t id = 0; id < g_l3->segs_cap; id++) {
