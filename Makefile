@@ -32,7 +32,7 @@ bench: build
 	@scripts/bench $(BUILD)
 
 # libFuzzer harnesses (clang), each FUZZ_SECONDS long or FUZZ_RUNS executions, FUZZ_JOBS at a
-# time; figures in build-fuzz/fuzz-results.txt
+# time; figures appended to build-fuzz/fuzz-results.txt
 FUZZ_SECONDS ?= 600
 FUZZ_JOBS ?= 1
 fuzz: deps
