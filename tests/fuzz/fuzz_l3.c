@@ -252,7 +252,8 @@ static void recover_and_read(const uint8_t *img, size_t img_len, fz_rec *recs, s
     st.a.ref_end = tkv_xcalloc(g_l3->segs_cap, sizeof(*st.a.ref_end));
     st.a.drop = rocksdb_writebatch_create();
     for (size_t i = 0; i < n; i++) {
-        if (i && recs[i].klen == recs[i - 1].klen && !memcmp(recs[i].k, recs[i - 1].k, recs[i].klen))
+        if (i && recs[i].klen == recs[i - 1].klen &&
+            !memcmp(recs[i].k, recs[i - 1].k, recs[i].klen))
             continue; /* shadowed */
         if (rec_cmp(&recs[i], &(fz_rec){.k = "k", .klen = 1, .order = SIZE_MAX}) < 0)
             continue; /* before the seek target */
