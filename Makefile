@@ -31,10 +31,12 @@ serve: build
 bench: build
 	@scripts/bench $(BUILD)
 
-# libFuzzer harnesses (clang), each FUZZ_SECONDS long; figures in build-fuzz/fuzz-results.txt
+# libFuzzer harnesses (clang), each FUZZ_SECONDS long or FUZZ_RUNS executions, FUZZ_JOBS at a
+# time; figures appended to build-fuzz/fuzz-results.txt
 FUZZ_SECONDS ?= 600
+FUZZ_JOBS ?= 1
 fuzz: deps
-	@tests/fuzz/run long $(FUZZ_SECONDS) $(FUZZ_NAMES)
+	@TKV_FUZZ_RUNS=$(FUZZ_RUNS) FUZZ_JOBS=$(FUZZ_JOBS) tests/fuzz/run long $(FUZZ_SECONDS) $(FUZZ_NAMES)
 
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz

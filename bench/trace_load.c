@@ -46,22 +46,6 @@ static void idmap_free(idmap *m)
     free(m->vals);
 }
 
-static uint32_t *idmap_slot(idmap *m, uint64_t key, bool *found);
-
-static void idmap_grow(idmap *m)
-{
-    idmap old = *m;
-    idmap_init(m, (old.mask + 1) * 2);
-    for (size_t i = 0; i <= old.mask; i++) {
-        if (old.vals[i] == UINT32_MAX)
-            continue;
-        bool found;
-        *idmap_slot(m, old.keys[i], &found) = old.vals[i];
-        m->used++;
-    }
-    idmap_free(&old);
-}
-
 /* Slot for key (inserting an empty one if absent; the caller fills it and bumps used). */
 static uint32_t *idmap_slot(idmap *m, uint64_t key, bool *found)
 {
@@ -229,7 +213,7 @@ static bool parse_line(trace *t, const char *line, const char **why)
                     if (!parse_u64(&c, &v))
                         goto fail;
                     if (t->num_ids == t->cap_ids) {
-                        t->cap_ids = t->cap_ids ? t->cap_ids * 2 : 1 << 16;
+                        t->cap_ids = t->cap_ids ? t->cap_ids * 2 : 256;
                         t->ids = tkv_xrealloc(t->ids, t->cap_ids * sizeof(*t->ids));
                     }
                     t->ids[t->num_ids++] = v;
@@ -296,6 +280,14 @@ int trace_load(const char *path, size_t max_reqs, trace *t)
         fprintf(stderr, "trace_replay: %s: %s\n", path, strerror(errno));
         return TKV_EIO;
     }
+    int rc = trace_read(f, path, max_reqs, t);
+    fclose(f);
+    return rc;
+}
+
+int trace_read(FILE *f, const char *path, size_t max_reqs, trace *t)
+{
+    memset(t, 0, sizeof(*t));
     char *line = NULL;
     size_t cap = 0;
     ssize_t len;
@@ -318,7 +310,6 @@ int trace_load(const char *path, size_t max_reqs, trace *t)
             fprintf(stderr, "trace_replay: %s:%zu: bad line skipped: %s\n", path, lineno, why);
     }
     free(line);
-    fclose(f);
     if (t->num_bad_lines)
         fprintf(stderr, "trace_replay: %s: %zu bad line(s) skipped\n", path, t->num_bad_lines);
     if (t->num_reqs == 0) {
@@ -330,10 +321,15 @@ int trace_load(const char *path, size_t max_reqs, trace *t)
     /* Dense nodes; an id's parent is the id before it where it first appeared. An id that
      * later appears after another parent contradicts the format ("equal ids mean the same
      * prefix"): it is counted and its first parent kept. */
+    /* Sized from the id count (distinct ids are at most that many), so the map stays at
+     * most half full and nothing grows: a small trace costs little, a large one no rehash. */
     idmap m;
-    idmap_init(&m, 1 << 16);
-    t->nodes = tkv_xmalloc(t->num_ids * sizeof(*t->nodes));
-    size_t cap_nodes = 1 << 16, num_inconsistent = 0;
+    size_t cap_map = 16;
+    while (cap_map < 2 * t->num_ids)
+        cap_map *= 2;
+    idmap_init(&m, cap_map);
+    size_t cap_nodes = t->num_ids ? t->num_ids : 1, num_inconsistent = 0;
+    t->nodes = tkv_xmalloc(cap_nodes * sizeof(*t->nodes));
     t->node_id = tkv_xmalloc(cap_nodes * sizeof(*t->node_id));
     t->node_parent = tkv_xmalloc(cap_nodes * sizeof(*t->node_parent));
     t->node_depth = tkv_xmalloc(cap_nodes * sizeof(*t->node_depth));
@@ -341,20 +337,10 @@ int trace_load(const char *path, size_t max_reqs, trace *t)
         const trace_req *r = &t->reqs[ir];
         int64_t parent = -1;
         for (uint32_t j = 0; j < r->num_blocks; j++) {
-            if (m.used * 2 >= m.mask + 1)
-                idmap_grow(&m);
             bool found;
             uint32_t *slot = idmap_slot(&m, t->ids[r->first + j], &found);
             if (!found) {
-                TKV_ASSERT(t->num_nodes < UINT32_MAX);
-                if (t->num_nodes == cap_nodes) {
-                    cap_nodes *= 2;
-                    t->node_id = tkv_xrealloc(t->node_id, cap_nodes * sizeof(*t->node_id));
-                    t->node_parent =
-                        tkv_xrealloc(t->node_parent, cap_nodes * sizeof(*t->node_parent));
-                    t->node_depth =
-                        tkv_xrealloc(t->node_depth, cap_nodes * sizeof(*t->node_depth));
-                }
+                TKV_ASSERT(t->num_nodes < UINT32_MAX && t->num_nodes < cap_nodes);
                 *slot = (uint32_t)t->num_nodes;
                 m.used++;
                 t->node_id[t->num_nodes] = t->ids[r->first + j];

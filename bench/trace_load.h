@@ -45,6 +45,8 @@ typedef struct trace {
  * with its number and why. Bad lines are skipped and counted; TKV_EINVAL if no request is
  * left, TKV_EIO if the file cannot be read. */
 int trace_load(const char *path, size_t max_reqs, trace *t);
+/* The same from an open stream (left open); path names it in messages. */
+int trace_read(FILE *f, const char *path, size_t max_reqs, trace *t);
 void trace_free(trace *t);
 
 /* The geometry the replay's blocks are keyed under, and every node's keys: the chain of its

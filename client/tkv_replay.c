@@ -79,6 +79,8 @@ typedef struct trace {
     uint64_t max_id;
 } trace;
 
+static int trace_read(FILE *f, const char *path, size_t limit, trace *t);
+
 /* Parses `"hash_ids": [a, b, ...]` of each line; other fields are not needed. */
 static int trace_load(const char *path, size_t limit, trace *t)
 {
@@ -87,6 +89,14 @@ static int trace_load(const char *path, size_t limit, trace *t)
         fprintf(stderr, "tierkv-replay: cannot open trace %s: %s\n", path, strerror(errno));
         return -1;
     }
+    int rc = trace_read(f, path, limit, t);
+    fclose(f);
+    return rc;
+}
+
+/* trace_load's parser, on an open stream (left open; the fuzzer hands it memory). */
+static int trace_read(FILE *f, const char *path, size_t limit, trace *t)
+{
     char *line = NULL;
     size_t cap = 0, lineno = 0;
     ssize_t len;
@@ -144,7 +154,6 @@ static int trace_load(const char *path, size_t limit, trace *t)
     }
 out:
     free(line);
-    fclose(f);
     if (rc == 0 && t->num == 0) {
         fprintf(stderr, "tierkv-replay: %s holds no requests\n", path);
         rc = -1;

@@ -458,6 +458,13 @@ int tkvd_config_load(tkvd_config *c, const char *path, char *err, size_t err_len
         set_err(err, err_len, "%s: cannot open config file: %s", path, strerror(errno));
         return TKV_EIO;
     }
+    int rc = tkvd_config_read(c, f, path, err, err_len);
+    fclose(f);
+    return rc;
+}
+
+int tkvd_config_read(tkvd_config *c, FILE *f, const char *path, char *err, size_t err_len)
+{
     int rc = TKV_OK;
     char line[4096];
     char origin[PATH_MAX + 32];
@@ -505,7 +512,6 @@ int tkvd_config_load(tkvd_config *c, const char *path, char *err, size_t err_len
         rc = TKV_EIO;
     }
 out:
-    fclose(f);
     return rc;
 }
 

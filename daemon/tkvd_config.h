@@ -89,6 +89,8 @@ int tkvd_config_set(tkvd_config *c, const char *key, const char *value, const ch
 /* Reads a `key = value` file ('#' comments, blank lines ignored). Stops at the first bad
  * line. TKV_OK, TKV_EINVAL (message in err), TKV_EIO (cannot read the file). */
 int tkvd_config_load(tkvd_config *c, const char *path, char *err, size_t err_len);
+/* The same from an open stream (left open); path names it in messages. */
+int tkvd_config_read(tkvd_config *c, FILE *f, const char *path, char *err, size_t err_len);
 
 /* True if key names a config key (flags are matched against the same table). */
 bool tkvd_config_has_key(const char *key);

@@ -377,6 +377,11 @@ static int rec_parse(const tkv_l3 *l3, const uint8_t *v, size_t n, l3_rec *r)
         return TKV_ECORRUPT;
     if (r->codec == L3_CODEC_RAW && r->stored_len != r->raw_len)
         return TKV_ECORRUPT;
+    /* This store never writes a block over max_block_bytes nor stored bytes over one bounce
+     * buffer (zstd's bound for that block): a longer record is damaged or forged, and
+     * reading it would overrun the bounce buffer it is read into. */
+    if (r->raw_len > l3->o.max_block_bytes || r->stored_len > l3->buf_bytes)
+        return TKV_ECORRUPT;
     if (memcmp(v + 40, l3->o.fp, TKV_KEY_BYTES) != 0)
         return TKV_EGEOMETRY;
     return TKV_OK;
@@ -1498,12 +1503,28 @@ out:
     return rc;
 }
 
+typedef int (*idx_cb)(void *arg, const tkv_key *key, const uint8_t *v, size_t vlen,
+                      int parse_rc, const l3_rec *r);
+
+/* One index entry as a scan sees it: -1 when the key ends the block records, 0 when it is
+ * skipped (not a block key), else cb's result (nonzero stops the scan). */
+static int idx_entry(const tkv_l3 *l3, const char *k, size_t klen, const uint8_t *v,
+                     size_t vlen, idx_cb cb, void *arg)
+{
+    if (klen < 1 || k[0] != 'k')
+        return -1;
+    if (klen != L3_KEY_LEN)
+        return 0;
+    tkv_key key;
+    memcpy(key.b, k + 1, TKV_KEY_BYTES);
+    l3_rec r;
+    int prc = rec_parse(l3, v, vlen, &r);
+    return cb(arg, &key, v, vlen, prc, &r) ? 1 : 0;
+}
+
 /* Iterates the block records in key order; cb gets the key, the raw value and its parse
- * status. Stops when cb returns nonzero (returned). */
-static int idx_iterate(tkv_l3 *l3,
-                       int (*cb)(void *arg, const tkv_key *key, const uint8_t *v, size_t vlen,
-                                 int parse_rc, const l3_rec *r),
-                       void *arg)
+ * status. Stops when cb returns nonzero (returns 1). */
+static int idx_iterate(tkv_l3 *l3, idx_cb cb, void *arg)
 {
     rocksdb_iterator_t *itr = rocksdb_create_iterator(l3->db, l3->ro);
     int stop = 0;
@@ -1511,18 +1532,14 @@ static int idx_iterate(tkv_l3 *l3,
     for (; rocksdb_iter_valid(itr); rocksdb_iter_next(itr)) {
         size_t klen, vlen;
         const char *k = rocksdb_iter_key(itr, &klen);
-        if (klen < 1 || k[0] != 'k')
-            break;
-        if (klen != L3_KEY_LEN)
-            continue;
         const uint8_t *v = (const uint8_t *)rocksdb_iter_value(itr, &vlen);
-        tkv_key key;
-        memcpy(key.b, k + 1, TKV_KEY_BYTES);
-        l3_rec r;
-        int prc = rec_parse(l3, v, vlen, &r);
-        stop = cb(arg, &key, v, vlen, prc, &r);
-        if (stop)
+        int e = idx_entry(l3, k, klen, v, vlen, cb, arg);
+        if (e < 0)
             break;
+        if (e > 0) {
+            stop = 1;
+            break;
+        }
     }
     char *err = NULL;
     rocksdb_iter_get_error(itr, &err);
@@ -2002,6 +2019,19 @@ static int open_index(tkv_l3 *l3)
 }
 
 /* The meta record pins the store to one model geometry. */
+static int meta_parse(const tkv_l3 *l3, const uint8_t *v, size_t vlen)
+{
+    if (vlen != L3_META_LEN || memcmp(v, L3_META_MAGIC, 8) != 0) {
+        TKV_LOG(TKV_LOG_ERROR, "l3 %s: meta record is not a tierkv L3 store", l3->dir);
+        return TKV_ECORRUPT;
+    }
+    if (memcmp(v + 8, l3->o.fp, TKV_KEY_BYTES) != 0) {
+        TKV_LOG(TKV_LOG_ERROR, "l3 %s: store holds another model geometry", l3->dir);
+        return TKV_EGEOMETRY;
+    }
+    return TKV_OK;
+}
+
 static int check_meta(tkv_l3 *l3)
 {
     char *err = NULL;
@@ -2013,14 +2043,7 @@ static int check_meta(tkv_l3 *l3)
         return TKV_EIO;
     }
     if (v) {
-        int rc = TKV_OK;
-        if (vlen != L3_META_LEN || memcmp(v, L3_META_MAGIC, 8) != 0) {
-            TKV_LOG(TKV_LOG_ERROR, "l3 %s: meta record is not a tierkv L3 store", l3->dir);
-            rc = TKV_ECORRUPT;
-        } else if (memcmp(v + 8, l3->o.fp, TKV_KEY_BYTES) != 0) {
-            TKV_LOG(TKV_LOG_ERROR, "l3 %s: store holds another model geometry", l3->dir);
-            rc = TKV_EGEOMETRY;
-        }
+        int rc = meta_parse(l3, (const uint8_t *)v, vlen);
         rocksdb_free(v);
         return rc;
     }
@@ -2045,6 +2068,23 @@ static int check_meta(tkv_l3 *l3)
     return TKV_OK;
 }
 
+/* The segment id a directory entry names, or 0: only the exact name seg_path writes
+ * ("seg-%08x.dat") counts, so "seg-+0000001.dat" or "seg- 0000001.dat" (which sscanf's %x
+ * would read as 1) never alias a real segment's id. */
+static int seg_name_id(const char *name, uint32_t *id)
+{
+    unsigned v;
+    char tail[8], canon[24];
+    if (strlen(name) != 16 || sscanf(name, "seg-%8x%7s", &v, tail) != 2 || v == 0 ||
+        v >= 0x7fffffffu)
+        return 0;
+    snprintf(canon, sizeof(canon), "seg-%08x.dat", v);
+    if (strcmp(canon, name) != 0)
+        return 0;
+    *id = v;
+    return 1;
+}
+
 static int load_segments(tkv_l3 *l3)
 {
     DIR *d = opendir(l3->dir);
@@ -2056,10 +2096,8 @@ static int load_segments(tkv_l3 *l3)
     struct dirent *e;
     l3->next_id = 1;
     while ((e = readdir(d)) != NULL) {
-        unsigned id;
-        char tail[8];
-        if (strlen(e->d_name) != 16 || sscanf(e->d_name, "seg-%8x%7s", &id, tail) != 2 ||
-            strcmp(tail, ".dat") != 0 || id == 0 || id >= 0x7fffffffu)
+        uint32_t id;
+        if (!seg_name_id(e->d_name, &id))
             continue;
         int fd = seg_open_fd(l3, id, 0);
         struct stat st;
@@ -2117,27 +2155,15 @@ static int load_one(void *arg, const tkv_key *key, const uint8_t *v, size_t vlen
     return 0;
 }
 
-/* The index is the truth: records without their payload are dropped, segment tails past
- * the last referenced byte are cut, segments nothing references are deleted. */
-static int recover(tkv_l3 *l3)
+/* Segment tails past the last referenced byte are cut, segments nothing references are
+ * deleted (ref_end: by segment id, from load_one). */
+static int recover_segments(tkv_l3 *l3, const uint64_t *ref_end)
 {
-    load_arg a = {.l3 = l3};
-    a.ref_end = tkv_xcalloc(l3->segs_cap ? l3->segs_cap : 1, sizeof(*a.ref_end));
-    a.drop = rocksdb_writebatch_create();
-    int rc = idx_iterate(l3, load_one, &a);
-    if (rc < 0)
-        goto out;
-    rc = TKV_OK;
-    if (a.num_dropped) {
-        rc = idx_commit(l3, a.drop);
-        if (rc != TKV_OK)
-            goto out;
-    }
     for (uint32_t id = 1; id < l3->segs_cap; id++) {
         l3_seg *s = l3->segs[id];
         if (!s)
             continue;
-        uint64_t keep = round_up(a.ref_end[id], l3->align);
+        uint64_t keep = round_up(ref_end[id], l3->align);
         if (keep == 0) {
             TKV_LOG(TKV_LOG_INFO, "l3 %s: deleting unreferenced segment %08x", l3->dir, id);
             seg_destroy(l3, s);
@@ -2150,13 +2176,10 @@ static int recover(tkv_l3 *l3)
             if (ftruncate(s->fd, (off_t)keep) != 0) {
                 TKV_LOG(TKV_LOG_ERROR, "l3 %s: truncate segment %08x: %s", l3->dir, id,
                         strerror(errno));
-                rc = TKV_EIO;
-                goto out;
+                return TKV_EIO;
             }
-            if (fdatasync(s->fd) != 0) {
-                rc = TKV_EIO;
-                goto out;
-            }
+            if (fdatasync(s->fd) != 0)
+                return TKV_EIO;
             s->end = keep;
         }
         s->prealloc = s->end;
@@ -2164,9 +2187,21 @@ static int recover(tkv_l3 *l3)
         if (s->end < l3->o.segment_bytes)
             l3->cur_id = id; /* the highest id with room keeps being appended to */
     }
-    if (fsync(l3->dirfd) != 0)
-        rc = TKV_EIO;
-out:
+    return fsync(l3->dirfd) != 0 ? TKV_EIO : TKV_OK;
+}
+
+/* The index is the truth: records without their payload are dropped (load_one), then the
+ * segments are cut to what the index references (recover_segments). */
+static int recover(tkv_l3 *l3)
+{
+    load_arg a = {.l3 = l3};
+    a.ref_end = tkv_xcalloc(l3->segs_cap ? l3->segs_cap : 1, sizeof(*a.ref_end));
+    a.drop = rocksdb_writebatch_create();
+    int rc = idx_iterate(l3, load_one, &a);
+    if (rc >= 0)
+        rc = a.num_dropped ? idx_commit(l3, a.drop) : TKV_OK;
+    if (rc == TKV_OK)
+        rc = recover_segments(l3, a.ref_end);
     rocksdb_writebatch_destroy(a.drop);
     free(a.ref_end);
     return rc;
