@@ -54,6 +54,8 @@ def main():
         print("engine_ttft: --device cuda but torch sees no GPU", file=sys.stderr)
         sys.exit(77)
     if dev.type == "cuda":
+        if dev.index is None:  # "cuda" alone: the first GPU (set_device needs an index)
+            dev = torch.device("cuda", 0)
         torch.cuda.set_device(dev)
 
     def sync():

@@ -53,14 +53,13 @@ int dec_fit_warps(size_t smem, int optin, int want)
     return w < 1 ? 1 : w;
 }
 
-/* The warpgroup kernel in the launcher's choice: nowhere yet. Its first form (e4m3 wgmma for
- * Q.K) beat the CTA kernel 1.2-1.6x at 64 rows on an H200 but biased the LSE; the f16 form
- * that replaced it has not been timed (docs/perf.md, decode), so it runs only when asked
- * for (TKVK__DEC_WG: tests, benchmarks). */
+/* The warpgroup kernel in the launcher's choice: past 32 rows (q_len 5..8 of a GQA group of
+ * 8), where on an H200 it took 0.61-1.03x the CTA kernel's time (median 0.74, faster on 34 of
+ * the 36 public rows; docs/perf.md, decode); at 9..32 rows the warp-worker kernel stays ahead. Also wherever
+ * asked for (TKVK__DEC_WG: tests, benchmarks); never under the other forced choices. */
 bool dec_wg_wanted(int rows, int which)
 {
-    (void)rows;
-    return which == TKVK__DEC_WG;
+    return which == TKVK__DEC_WG || (which == TKVK__DEC_AUTO && rows > 32);
 }
 
 /* FP8 Q over FP8 KV at D 128 with 9..64 rows runs the warpgroup kernel where dec_wg_wanted();

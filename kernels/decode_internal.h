@@ -126,7 +126,7 @@ int tkvk__decode_check_host(const tkvk_decode_args *a, const char *who);
  *          m-tiles of 16 rows, instead of two warps of one m-tile each
  *   LEGACY the launcher's choice without the warpgroup kernel (what it was before it)
  *   WG     the warpgroup kernel wherever it applies (FP8 Q over FP8 KV, D 128, 9..64 rows;
- *          not yet in the launcher's choice) */
+ *          the launcher's choice takes it past 32 rows only) */
 enum {
     TKVK__DEC_AUTO = 0,
     TKVK__DEC_CTA = 1,

@@ -1,11 +1,11 @@
 /* decode_wg.cu - the warpgroup kernel of decode attention: FP8 Q over FP8 KV at head dim 128
- * with 9..64 rows a pair (q_len 2..8 of a GQA group of 8: MTP and speculative verify), meant to
- * replace the CTA kernel at 33..64 rows; it runs where asked for (TKVK__DEC_WG) until its timing
- * says where it wins (dec_wg_wanted, decode.cu; docs/perf.md). A CTA is one warpgroup (4 warps)
- * that drains its bin of 64-token tiles through the CTA kernel's cp.async ring (the same
- * loader, the same partials by task); the products run on wgmma with the query rows on the N
- * side (16, 32, 48 or 64: the rows padded to 16), so no product
- * carries more than 15 padding rows:
+ * with 9..64 rows a pair (q_len 2..8 of a GQA group of 8: MTP and speculative verify); the
+ * launcher takes it in place of the CTA kernel at 33..64 rows, where it was timed faster
+ * (dec_wg_wanted, decode.cu; docs/perf.md), and anywhere it applies when asked for
+ * (TKVK__DEC_WG). A CTA is one warpgroup (4 warps) that drains its bin of 64-token tiles
+ * through the CTA kernel's cp.async ring (the same loader, the same partials by task); the
+ * products run on wgmma with the query rows on the N side (16, 32, 48 or 64: the rows padded
+ * to 16), so no product carries more than 15 padding rows:
  *   scores  S^T = K Q^T: m64nNk16 f16, A = the K tile from registers (converted from e4m3,
  *           exact), B = Q as f16 in shared memory. (The e4m3 wgmma was tried: its accumulation
  *           truncates, which biased the LSE past the test's 2e-3; docs/perf.md.)
