@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -516,6 +517,26 @@ fail:
  * smaller (a LookupBatch of 256 long prompts is a few MiB). */
 #define kFastMaxReply (64u << 20)
 
+/* Callers of this process waiting for a fast-path reply now. */
+static atomic_int g_fast_waiters;
+
+/* How long the one waiting caller spins for its reply before it sleeps in recv. */
+#define kFastSpinNs 50000u
+
+/* Spins (non-blocking peeks) until a reply is readable on fd or kFastSpinNs pass. A reply
+ * comes back in a few us, sooner than a host whose cores idle wakes a sleeping thread (on an
+ * idle 2-core VM a lookup's round trip was ~100 us asleep). Only the process's one waiting
+ * caller spins: with more waiters than cores, spinning takes the CPU the daemon needs (an
+ * unconditional spin cost 4 threads on 2 cores 40% of their lookups/s). */
+static void spin_for_reply(int fd)
+{
+    uint64_t end = tkv_now_ns() + kFastSpinNs;
+    char b;
+    while (recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) < 0 && errno == EAGAIN &&
+           tkv_now_ns() < end)
+        ;
+}
+
 /* A unary call on the attach connection (proto/tkv_attach.h), under c->fast_mu. A broken
  * connection or a reply that does not arrive in time ends the fast path for this client (a
  * late reply would answer the next call); calls then take gRPC. *flat: *resp is one block
@@ -545,8 +566,7 @@ static int fast_unary(kvc_client *c, const char *method, uint16_t op, const Prot
     }
     /* The daemon answers a deadline itself; the slack covers its reply on a loaded host. The
      * wait is the socket's receive timeout, set only when it changes: one syscall fewer per
-     * call than a poll. (A spin before sleeping gained 2 us of a 14 us round trip and cost 40%
-     * of the lookups/s of 4 threads on 2 cores: no spin.) */
+     * call than a poll. */
     uint32_t wait_ms = timeout_ms ? (timeout_ms > UINT32_MAX - 5000 ? UINT32_MAX : timeout_ms + 5000) : 0;
     if (wait_ms != c->fast_wait_ms) {
         struct timeval tv = {.tv_sec = wait_ms / 1000, .tv_usec = (wait_ms % 1000) * 1000};
@@ -559,8 +579,12 @@ static int fast_unary(kvc_client *c, const char *method, uint16_t op, const Prot
     tkv_fast_hdr h;
     size_t len = 0;
     char why[160];
-    if (tkv_fast_recv(c->attach_fd, &h, &c->fast_buf, &c->fast_cap, kFastMaxReply, &len, why,
-                      sizeof(why)) <= 0) {
+    if (atomic_fetch_add(&g_fast_waiters, 1) == 0)
+        spin_for_reply(c->attach_fd);
+    int got = tkv_fast_recv(c->attach_fd, &h, &c->fast_buf, &c->fast_cap, kFastMaxReply, &len,
+                            why, sizeof(why));
+    atomic_fetch_sub(&g_fast_waiters, 1);
+    if (got <= 0) {
         bool late = errno == EAGAIN || errno == EWOULDBLOCK;
         c->fast = false;
         return fail(late ? KVC_ETIMEDOUT : KVC_EUNAVAILABLE, "%s: attach connection: %s", method,
