@@ -109,8 +109,8 @@ def child(argv):
     ch.close()
 
 
-def attach_fd(path, fp):
-    """One attach hello; returns (reply fields, descriptor or None, socket kept open)."""
+def hello(path, fp):
+    """One attach hello; returns (the reply's bytes, the descriptors it carried, the socket)."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.settimeout(5)
     s.connect(path)
@@ -120,6 +120,12 @@ def attach_fd(path, fp):
     for level, typ, data in anc:
         if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
             fds += list(struct.unpack(f"{len(data) // 4}i", data[:len(data) // 4 * 4]))
+    return msg, fds, s
+
+
+def attach_fd(path, fp):
+    """One attach hello; returns (reply fields, descriptor or None, socket kept open)."""
+    msg, fds, s = hello(path, fp)
     magic, status, client_id, l2_bytes, block_bytes, block_tokens, flags = \
         struct.unpack_from("<IiQQQII", msg)
     rep = {"status": status, "client_id": client_id, "l2_bytes": l2_bytes, "flags": flags,
@@ -179,15 +185,7 @@ def map_region(path, fp, stub, scope, args):
 
 def attach(path, fp):
     """One attach hello; returns the reply's status/message and whether a descriptor came."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    s.settimeout(5)
-    s.connect(path)
-    s.send(struct.pack("<II32sII", ATTACH_MAGIC, ATTACH_VERSION, fp, 0, os.getpid()))
-    msg, anc, _, _ = s.recvmsg(4096, socket.CMSG_SPACE(4 * 4))
-    fds = []
-    for level, typ, data in anc:
-        if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
-            fds += list(struct.unpack(f"{len(data) // 4}i", data[:len(data) // 4 * 4]))
+    msg, fds, s = hello(path, fp)
     for fd in fds:
         os.close(fd)
     s.close()
