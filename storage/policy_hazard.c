@@ -69,7 +69,7 @@ enum { GHOST_WAYS = 8 };
  * within kGuardShortTrials waits, up to kGuardMaxWaitFills. */
 enum { kGuardBudgetFills = 1, kGuardChecksPerFill = 8, kGuardMinCheck = 64 };
 enum { kGuardShortTrials = 4, kGuardMaxWaitFills = 256, kGuardFirstWaitFills = 2 };
-enum { kGuardGraceDiv = 4 };
+enum { kGuardGraceDiv = 4, kGuardWalk = 256 }; /* guard_outside_tail */
 static const double kGuardHalfLifeFills = 8.0;
 static const double kGuardMargin = 1.0 / 64;
 
@@ -543,8 +543,9 @@ static void finish_refused(hazard_state *st)
  * LRU evicting a block the tier lacks, raises it. So the slack lead - missing + budget stays
  * >= 0 if every step of the learned order that lowers it (a victim LRU holds: 1; a refused
  * put: 1 a block) is taken only when the slack covers it; then the tier's hits are never more
- * than the budget (a fill) below LRU's, on any trace. Pinned blocks (the rule may find no
- * outside tail) and a put longer than any before it can overdraw it. The budget is what the
+ * than the budget (a fill) below LRU's, on any trace. Pinned blocks and outside blocks deeper
+ * than kGuardWalk from the cold end (the rule may find no outside tail) and a put longer than
+ * any before it can overdraw it. The budget is what the
  * learned order needs to start: its first bets pay only fills later.
  * Within the bound, the trials: the decayed surplus of real hits over LRU's picks, at every
  * check, whether the tier follows LRU's set (once the learned order has fallen guard_margin
@@ -601,12 +602,14 @@ static bool guard_costs(const hazard_state *st, const tkv_policy_entry *e)
     return tkv_lru_shadow_holds(st->lru_shadow, e->key_fp);
 }
 
-/* The coldest tail LRU does not hold, or NULL. Such blocks are the least recently used, so
- * the walk from the cold end stops within a few steps. */
+/* The coldest tail LRU does not hold among the kGuardWalk coldest, or NULL. Such blocks are
+ * the least recently used ones, so they are found at the cold end; the walk is bounded so
+ * that a tier holding none costs O(1) (the bound may then be overdrawn by the victim). */
 static tkv_policy_entry *guard_outside_tail(const hazard_state *st)
 {
     const tkv_policy_entry *head = &st->lists[IN_TAILS];
-    for (tkv_policy_entry *e = head->prev; e != head; e = e->prev)
+    tkv_policy_entry *e = head->prev;
+    for (int i = 0; i < kGuardWalk && e != head; i++, e = e->prev)
         if (!guard_costs(st, e))
             return e;
     return NULL;
