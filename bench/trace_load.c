@@ -461,7 +461,8 @@ void trace_print_results(const char *trace_path, const trace_result *results, si
                    ", \"blocks\": %" PRIu64 ", \"hit_blocks\": %" PRIu64
                    ", \"hit_rate\": %.6f, \"tokens\": %" PRIu64 ", \"hit_tokens\": %" PRIu64
                    ", \"token_hit_rate\": %.6f, \"hit_rate_tier\": {\"l1\": %.6f, \"l2\": %.6f, "
-                   "\"l3\": %.6f}, \"evictions\": %" PRIu64 ", \"seconds\": %.3f}%s\n",
+                   "\"l3\": %.6f}, \"evictions\": %" PRIu64 ", \"store_capacity\": %" PRIu64
+                   ", \"store_hit_blocks\": %" PRIu64 ", \"seconds\": %.3f}%s\n",
                    r->capacity_blocks, r->policy, r->mode,
                    strcmp(r->mode, "oracle-sim") != 0 ? block_tokens : (uint64_t)kTraceBlockTokens,
                    r->requests, r->blocks, r->hit_blocks,
@@ -470,7 +471,7 @@ void trace_print_results(const char *trace_path, const trace_result *results, si
                    (double)r->hit_blocks_tier[TKV_TIER_L1] / (double)r->blocks,
                    (double)r->hit_blocks_tier[TKV_TIER_L2] / (double)r->blocks,
                    (double)r->hit_blocks_tier[TKV_TIER_L3] / (double)r->blocks, r->evictions,
-                   r->seconds, i + 1 < num_results ? "," : "");
+                   r->store_capacity, r->store_hit_blocks, r->seconds, i + 1 < num_results ? "," : "");
         }
         printf("]\n");
     } else {

@@ -68,6 +68,8 @@ typedef struct trace_result {
     uint64_t tokens, hit_tokens;
     uint64_t hit_blocks_tier[TKV_NUM_TIERS]; /* in trace blocks */
     uint64_t evictions;
+    /* in the store's own blocks (the store replay only, else 0): its capacity and hits */
+    uint64_t store_capacity, store_hit_blocks;
     double seconds;
 } trace_result;
 double trace_now_s(void);

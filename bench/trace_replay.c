@@ -206,6 +206,7 @@ static int run_store(const trace *t, const trace_keys *rk, const char *policy,
         goto fail;
     }
 
+    res->store_capacity = capacity * per;
     double t0 = trace_now_s();
     tkv_block_loc *locs = tkv_xmalloc(max_cache_blocks * sizeof(*locs));
     for (size_t ir = 0; ir < t->num_reqs; ir++) {
@@ -227,6 +228,7 @@ static int run_store(const trace *t, const trace_keys *rk, const char *policy,
         }
         uint32_t hit_trace = (uint32_t)(num_hit / per);
         trace_account(res, r, hit_trace);
+        res->store_hit_blocks += num_hit;
         for (uint32_t j = 0; j < hit_trace; j++)
             res->hit_blocks_tier[locs[(size_t)j * per + per - 1].tier]++;
         if (num_hit < nk) {

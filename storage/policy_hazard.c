@@ -21,9 +21,11 @@
  * that left or were refused, so a block that comes back is a reuse at its true age.
  *
  * The guard (guard_count): a shadow LRU directory of the tier's capacity (tkv_lru_shadow) sees
- * every block of every request, so the policy knows how many hits LRU would have had; when the
- * learned order falls behind by a margin, victims follow LRU's order until a later trial shows
- * the learned order ahead again. docs/design.md, "Cache policy".
+ * every block of every request, so the policy knows how many hits LRU has had and how many it
+ * could still gain; the learned order may take a step only while that leaves the tier within
+ * a fill of hits of LRU (a bound that holds by construction), and when it falls behind by a
+ * margin the tier follows LRU's set until a later trial shows the learned order ahead again.
+ * docs/design.md, "Cache policy".
  *
  * Cost: O(1) per call (kSamples reads per victim; learning in amortised steps of NB_AGE per
  * class every capacity / kLearnPerFill ticks); memory bounded (ghost and shadow capped at
@@ -58,14 +60,16 @@ static const double kUnitShare = 0.95;       /* of those starting on a multiple 
 static const double kUnitMinStarts = 32;     /* before that, a unit of 1 */
 static const double kGhostPerCapacity = 4.0;
 enum { GHOST_WAYS = 8 };
-/* The LRU guard (guard_count): checked every fill of the tier / kGuardChecksPerFill blocks
+/* The LRU guard (guard_count): the most hits the learned order may ever cost against LRU, in
+ * fills of the tier (kGuardBudgetFills); checked every fill / kGuardChecksPerFill blocks
  * requested; the surplus of real hits over LRU's decays with a half-life of
- * kGuardHalfLifeFills fills; LRU order once it is below -kGuardMargin * capacity, judged after
- * a quarter fill (1 / kGuardGraceDiv) of the learned order's own; a trial of the learned order
- * after kGuardFirstWaitFills fills, the wait doubled after each trial that fails within
- * kGuardShortTrials waits, up to kGuardMaxWaitFills. */
-enum { kGuardChecksPerFill = 8, kGuardMinCheck = 64, kGuardShortTrials = 4 };
-enum { kGuardMaxWaitFills = 256, kGuardFirstWaitFills = 2, kGuardGraceDiv = 4 };
+ * kGuardHalfLifeFills fills; the tier follows LRU once it is below -kGuardMargin * capacity,
+ * judged after a quarter fill (1 / kGuardGraceDiv) of the learned order's own; a trial of the
+ * learned order after kGuardFirstWaitFills fills, the wait doubled after each trial that fails
+ * within kGuardShortTrials waits, up to kGuardMaxWaitFills. */
+enum { kGuardBudgetFills = 1, kGuardChecksPerFill = 8, kGuardMinCheck = 64 };
+enum { kGuardShortTrials = 4, kGuardMaxWaitFills = 256, kGuardFirstWaitFills = 2 };
+enum { kGuardGraceDiv = 4, kGuardWalk = 256 }; /* guard_outside_tail */
 static const double kGuardHalfLifeFills = 8.0;
 static const double kGuardMargin = 1.0 / 64;
 
@@ -124,13 +128,15 @@ typedef struct hazard_state {
     unsigned admit_turn;
     uint64_t *refused_fp;
     uint64_t num_refused, refused_cap;
-    /* the LRU guard: LRU's hits on the same requests, the decayed surplus of real hits over
-     * them, which order victims follow, and where the requests begin (the last call was
-     * admit(), with that now_ns) */
+    /* the LRU guard: LRU's tier on the same requests, the tier's hits minus LRU's (all and
+     * decayed), the blocks admitted and not inserted yet, the longest put seen; whether the
+     * tier follows LRU, since which check, for how long; where the requests begin (the last
+     * call was admit(), with that now_ns) */
     tkv_lru_shadow *lru_shadow;
+    int64_t guard_lead;
     double guard_surplus, guard_keep, guard_margin;
-    uint64_t guard_seen, guard_check, guard_switched_at, guard_wait;
-    bool lru_order, last_call_admit;
+    uint64_t guard_pending, guard_longest_put, guard_seen, guard_check, guard_since, guard_wait;
+    bool guard_follow, last_call_admit;
     uint64_t last_admit_now;
 } hazard_state;
 
@@ -498,6 +504,8 @@ static void finish_put(hazard_state *st)
     }
     if (st->put_last && st->hit_last)
         finish_hits(st, st->put_parent == st->hit_last ? turn : 0, newb);
+    if (st->put_len > st->guard_longest_put)
+        st->guard_longest_put = st->put_len;
     st->put_last = st->put_parent = NULL;
     st->put_len = st->put_new = 0;
     st->put_history_turn = -1;
@@ -508,6 +516,8 @@ static void finish_put(hazard_state *st)
 static void finish_refused(hazard_state *st)
 {
     unsigned newb = new_bucket(st->num_refused, st->unit);
+    if (st->num_refused > st->guard_longest_put)
+        st->guard_longest_put = st->num_refused;
     for (uint64_t i = 0; i < st->num_refused; i++) {
         uint64_t fp = st->refused_fp[i], meta = ghost_take(st, fp);
         unsigned uses = 1;
@@ -524,24 +534,37 @@ static void finish_refused(hazard_state *st)
 }
 
 /* ---- the LRU guard ------------------------------------------------------------------------ */
-/* One block of a request, shown to the policy as a hit (accessed()) or a miss (admit()): the
- * shadow LRU says whether LRU would have hit it, and the surplus of real hits over LRU's
- * moves by the difference. At every check the decayed surplus picks the order victims
- * follow: LRU's once the learned order has fallen guard_margin hits behind, the learned one
- * again for a trial after guard_wait (longer after each trial that fails soon). Where the
- * learned order wins it is never overruled; where it loses, the loss is about a margin per
- * trial and the trials grow rarer. Without fingerprints (key_fp 0) there is no guard. */
+/* The bound, by construction: let lead = the tier's hits - LRU's (on the same requests, block
+ * by block) and missing = the blocks LRU holds that the tier does not (the shadow counts
+ * both). If from now on the tier follows LRU's set (admits every block, evicts only blocks LRU
+ * does not hold: while missing > 0 there is such a tail, as both sets are closed under
+ * prefixes, so what the tier holds outside LRU's set hangs below it), no request lowers
+ * lead - missing: an LRU-only hit costs a hit but makes the block shared; a tier-only hit, or
+ * LRU evicting a block the tier lacks, raises it. So the slack lead - missing + budget stays
+ * >= 0 if every step of the learned order that lowers it (a victim LRU holds: 1; a refused
+ * put: 1 a block) is taken only when the slack covers it; then the tier's hits are never more
+ * than the budget (a fill) below LRU's, on any trace. Pinned blocks and outside blocks deeper
+ * than kGuardWalk from the cold end (the rule may find no outside tail) and a put longer than
+ * any before it can overdraw it. The budget is what the
+ * learned order needs to start: its first bets pay only fills later.
+ * Within the bound, the trials: the decayed surplus of real hits over LRU's picks, at every
+ * check, whether the tier follows LRU's set (once the learned order has fallen guard_margin
+ * hits behind) or the learned order again for a trial after guard_wait (longer after each
+ * trial that fails soon). Where the learned order wins it is never overruled; where it loses
+ * slowly, it loses about a margin per trial, and the trials grow rarer. Without fingerprints
+ * (key_fp 0) there is no guard. */
 static void guard_count(hazard_state *st, uint64_t key_fp, bool first_of_request, bool real_hit)
 {
     if (!key_fp || !st->lru_shadow)
         return;
-    bool lru_hit = tkv_lru_shadow_touch(st->lru_shadow, key_fp, first_of_request);
+    bool lru_hit = tkv_lru_shadow_touch(st->lru_shadow, key_fp, first_of_request, real_hit);
+    st->guard_lead += (int64_t)real_hit - (int64_t)lru_hit;
     st->guard_surplus += (double)real_hit - (double)lru_hit;
     if (++st->guard_seen % st->guard_check)
         return;
     st->guard_surplus *= st->guard_keep;
-    uint64_t since = st->guard_seen - st->guard_switched_at;
-    if (!st->lru_order) {
+    uint64_t since = st->guard_seen - st->guard_since;
+    if (!st->guard_follow) {
         /* judged after a while of its own: a policy that holds blocks for later pays first */
         if (since < st->capacity / kGuardGraceDiv || st->guard_surplus >= -st->guard_margin)
             return;
@@ -550,14 +573,46 @@ static void guard_count(hazard_state *st, uint64_t key_fp, bool first_of_request
                              : kGuardFirstWaitFills * st->capacity;
         if (st->guard_wait > kGuardMaxWaitFills * st->capacity)
             st->guard_wait = kGuardMaxWaitFills * st->capacity;
-        st->lru_order = true;
+        st->guard_follow = true;
     } else if (since >= st->guard_wait) {
-        st->lru_order = false;
+        st->guard_follow = false;
         st->guard_surplus = 0; /* the trial is judged on its own */
     } else {
         return;
     }
-    st->guard_switched_at = st->guard_seen;
+    st->guard_since = st->guard_seen;
+}
+
+/* The slack now, counting the blocks of the put being admitted as inserted. */
+static int64_t guard_slack(const hazard_state *st)
+{
+    return st->guard_lead + (int64_t)(kGuardBudgetFills * st->capacity + st->guard_pending) -
+           (int64_t)tkv_lru_shadow_missing(st->lru_shadow);
+}
+
+/* May the learned order take a step that lowers the slack by `cost`? */
+static bool guard_allows(const hazard_state *st, int64_t cost)
+{
+    return !st->lru_shadow || (!st->guard_follow && guard_slack(st) - cost >= 0);
+}
+
+/* Does evicting e lower the slack (LRU holds it)? */
+static bool guard_costs(const hazard_state *st, const tkv_policy_entry *e)
+{
+    return tkv_lru_shadow_holds(st->lru_shadow, e->key_fp);
+}
+
+/* The coldest tail LRU does not hold among the kGuardWalk coldest, or NULL. Such blocks are
+ * the least recently used ones, so they are found at the cold end; the walk is bounded so
+ * that a tier holding none costs O(1) (the bound may then be overdrawn by the victim). */
+static tkv_policy_entry *guard_outside_tail(const hazard_state *st)
+{
+    const tkv_policy_entry *head = &st->lists[IN_TAILS];
+    tkv_policy_entry *e = head->prev;
+    for (int i = 0; i < kGuardWalk && e != head; i++, e = e->prev)
+        if (!guard_costs(st, e))
+            return e;
+    return NULL;
 }
 
 /* ---- ops ---------------------------------------------------------------------------------- */
@@ -583,6 +638,7 @@ static void *hazard_create(uint64_t capacity)
     st->guard_keep = exp2(-1.0 / (kGuardHalfLifeFills * kGuardChecksPerFill));
     st->guard_margin = kGuardMargin * (double)capacity;
     st->guard_wait = kGuardFirstWaitFills * capacity;
+    st->guard_longest_put = 1;
     for (int i = 0; i < 3; i++)
         tkv_plist_init(&st->lists[i]);
     return st;
@@ -660,6 +716,7 @@ static bool hazard_admit(void *state, const tkv_policy_entry *e, uint64_t now_ns
     st->last_admit_now = now_ns;
     if (!st->admit_valid || now_ns != st->admit_now) {
         finish_refused(st);
+        st->guard_pending = 0;
         uint64_t meta = ghost_peek(st, e->key_fp);
         unsigned uses = meta ? meta_uses(meta) + 1 : 1;
         st->admit_turn = meta ? meta_turn(meta) + 1 : put_turn(st, e->parent);
@@ -672,12 +729,17 @@ static bool hazard_admit(void *state, const tkv_policy_entry *e, uint64_t now_ns
                 unsigned c = make_class(uses, ND - 1, st->admit_turn, b);
                 mine = fmax(mine, index_at(st, c, st->tick));
             }
-            verdict = st->lru_order || !sample_victim(st, &theirs) || mine >= theirs;
+            verdict = !sample_victim(st, &theirs) || mine >= theirs;
+            /* a refused put lowers the slack by a block each (guard_count) */
+            if (!verdict && !guard_allows(st, (int64_t)st->guard_longest_put - 1))
+                verdict = true;
         }
         st->admit_valid = true;
         st->admit_now = now_ns;
         st->admit_verdict = verdict;
     }
+    if (st->admit_verdict)
+        st->guard_pending++;
     if (!st->admit_verdict) {
         /* a refused block is a tick of the tier's turnover (with no inserts and no hits the
          * clock would stop and the verdict could never change), and a use, remembered */
@@ -728,6 +790,9 @@ static void hazard_inserted(void *state, tkv_policy_entry *e, uint64_t now_ns)
     event_start(st, c, st->tick);
     st->count++;
     st->last_call_admit = false;
+    tkv_lru_shadow_mark(st->lru_shadow, e->key_fp, true);
+    if (st->guard_pending)
+        st->guard_pending--;
     place(st, e, IN_TAILS);
 }
 
@@ -736,6 +801,7 @@ static void hazard_accessed(void *state, tkv_policy_entry *e, uint64_t now_ns)
     hazard_state *st = state;
     (void)now_ns;
     guard_count(st, e->key_fp, !e->parent, true);
+    st->guard_pending = 0;
     st->last_call_admit = false;
     if (placed_in(e) == IN_TAILS) { /* LRU's order: a hit goes to the hot end */
         tkv_plist_unlink(e);
@@ -770,6 +836,7 @@ static void hazard_removed(void *state, tkv_policy_entry *e)
         st->victim_parent = NULL;
     unplace(st, e);
     st->count--;
+    tkv_lru_shadow_mark(st->lru_shadow, e->key_fp, false);
     /* its event stays open in the ghost history */
     ghost_put(st, e->key_fp, e->p_u64[0], class_of(e), field(e, USES_SHIFT), field(e, TURN_SHIFT));
 }
@@ -783,18 +850,20 @@ static void hazard_changed(void *state, tkv_policy_entry *e)
     place(state, e, was);
 }
 
+/* The learned order's victim, or where the slack cannot pay for it (guard_slack) the coldest
+ * tail LRU does not hold. */
 static tkv_policy_entry *hazard_victim(void *state)
 {
     hazard_state *st = state;
-    if (st->lru_order) {
-        st->victim_parent = NULL;
-        for (unsigned w = IN_TAILS; w <= IN_INTERIOR; w++)
-            if (st->lists[w].prev != &st->lists[w])
-                return st->lists[w].prev;
-        return NULL;
-    }
     double v;
     tkv_policy_entry *e = sample_victim(st, &v);
+    if (e && guard_costs(st, e) && !guard_allows(st, 1)) {
+        tkv_policy_entry *o = guard_outside_tail(st);
+        if (o) {
+            e = o;
+            v = index_at(st, class_of(e), e->p_u64[0]);
+        }
+    }
     if (e) {
         st->victim_parent = e->parent;
         st->victim_tick = e->p_u64[0];

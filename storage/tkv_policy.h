@@ -88,17 +88,27 @@ static inline uint64_t tkv_policy_ghost_sets(uint64_t capacity, double per_block
 
 /* A shadow LRU directory: the key fingerprints LRU would hold in a tier of `capacity` blocks
  * given the same requests (metadata only, 24 bytes per block, allocated on the first touch),
- * so a policy can count the hits LRU would have had and never fall behind it (hazard's guard).
- * Each block of a request is touched once, in the request's order, root first: hits (the
- * policy's accessed()) and misses (admit()) alike. touch() returns whether LRU would have hit
- * the block (held, and so was every block of the request before it). new() returns NULL for
- * capacity 0 or above TKV_LRU_SHADOW_MAX (an unlimited tier: there is nothing to shadow);
- * touch() on NULL, or with key_fp 0, returns false. O(1) per touch. */
+ * and which of them the real tier holds too, so a policy can count the hits LRU would have had
+ * and the hits it could still lose to LRU (hazard's guard). Each block of a request is touched
+ * once, in the request's order, root first: hits (the policy's accessed(), tier_holds true)
+ * and misses (admit(), false) alike; the policy marks blocks as they enter and leave the real
+ * tier (inserted(), removed()). touch() returns whether LRU would have hit the block (held,
+ * and so was every block of the request before it). new() returns NULL for capacity 0 or
+ * above TKV_LRU_SHADOW_MAX (an unlimited tier: there is nothing to shadow); on NULL, or with
+ * key_fp 0, touch() and holds() return false, mark() does nothing and missing() is 0. O(1). */
 #define TKV_LRU_SHADOW_MAX (1ull << 24)
 typedef struct tkv_lru_shadow tkv_lru_shadow;
 tkv_lru_shadow *tkv_lru_shadow_new(uint64_t capacity);
 void tkv_lru_shadow_free(tkv_lru_shadow *sh);
-bool tkv_lru_shadow_touch(tkv_lru_shadow *sh, uint64_t key_fp, bool first_of_request);
+bool tkv_lru_shadow_touch(tkv_lru_shadow *sh, uint64_t key_fp, bool first_of_request,
+                          bool tier_holds);
+/* Does LRU hold key_fp now? */
+bool tkv_lru_shadow_holds(const tkv_lru_shadow *sh, uint64_t key_fp);
+/* The real tier now holds key_fp (true) or not (false); nothing if LRU does not hold it. */
+void tkv_lru_shadow_mark(tkv_lru_shadow *sh, uint64_t key_fp, bool tier_holds);
+/* How many blocks LRU holds that the real tier does not: the most hits LRU could still gain
+ * on the real tier, if those were requested next and the tier then followed LRU. */
+uint64_t tkv_lru_shadow_missing(const tkv_lru_shadow *sh);
 
 /* Registered policies by name ("lru", "hazard"); NULL if unknown. */
 const tkv_policy_ops *tkv_policy_find(const char *name);

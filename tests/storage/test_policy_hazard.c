@@ -143,7 +143,7 @@ static void shadowed_destroy(void *st)
 static bool shadowed_admit(void *st, const tkv_policy_entry *e, uint64_t now)
 {
     bool first = !e->parent && !e->depth && !(g_last_admit && now == g_last_now);
-    g_shadow_hits += tkv_lru_shadow_touch(g_shadow, e->key_fp, first);
+    g_shadow_hits += tkv_lru_shadow_touch(g_shadow, e->key_fp, first, false);
     g_last_admit = true;
     g_last_now = now;
     return tkv_policy_lru.admit(st, e, now);
@@ -151,7 +151,7 @@ static bool shadowed_admit(void *st, const tkv_policy_entry *e, uint64_t now)
 
 static void shadowed_accessed(void *st, tkv_policy_entry *e, uint64_t now)
 {
-    g_shadow_hits += tkv_lru_shadow_touch(g_shadow, e->key_fp, !e->parent);
+    g_shadow_hits += tkv_lru_shadow_touch(g_shadow, e->key_fp, !e->parent, true);
     g_last_admit = false;
     tkv_policy_lru.accessed(st, e, now);
 }
@@ -208,26 +208,64 @@ START_TEST(shadow_bounds)
     ck_assert_ptr_null(tkv_lru_shadow_new(0));
     ck_assert_ptr_null(tkv_lru_shadow_new(UINT64_MAX));
     ck_assert_ptr_null(tkv_lru_shadow_new(TKV_LRU_SHADOW_MAX + 1));
-    ck_assert(!tkv_lru_shadow_touch(NULL, 5, true));
+    ck_assert(!tkv_lru_shadow_touch(NULL, 5, true, false));
     tkv_lru_shadow *sh = tkv_lru_shadow_new(1);
-    ck_assert(!tkv_lru_shadow_touch(sh, 0, true));
-    ck_assert(!tkv_lru_shadow_touch(sh, 7, true));
-    ck_assert(tkv_lru_shadow_touch(sh, 7, true));
-    ck_assert(!tkv_lru_shadow_touch(sh, 8, true));
-    ck_assert(!tkv_lru_shadow_touch(sh, 7, true));
+    ck_assert(!tkv_lru_shadow_touch(sh, 0, true, false));
+    ck_assert(!tkv_lru_shadow_touch(sh, 7, true, false));
+    ck_assert(tkv_lru_shadow_touch(sh, 7, true, false));
+    ck_assert(!tkv_lru_shadow_touch(sh, 8, true, false));
+    ck_assert(!tkv_lru_shadow_touch(sh, 7, true, false));
     /* a request's later block is a hit only if every block before it was */
     tkv_lru_shadow_free(sh);
     sh = tkv_lru_shadow_new(4);
-    ck_assert(!tkv_lru_shadow_touch(sh, 1, true));
-    ck_assert(!tkv_lru_shadow_touch(sh, 2, false));
-    ck_assert(tkv_lru_shadow_touch(sh, 1, true));
-    ck_assert(tkv_lru_shadow_touch(sh, 2, false));
-    ck_assert(!tkv_lru_shadow_touch(sh, 3, true));
-    ck_assert(!tkv_lru_shadow_touch(sh, 2, false)); /* held, but after a miss */
+    ck_assert(!tkv_lru_shadow_touch(sh, 1, true, false));
+    ck_assert(!tkv_lru_shadow_touch(sh, 2, false, false));
+    ck_assert(tkv_lru_shadow_touch(sh, 1, true, false));
+    ck_assert(tkv_lru_shadow_touch(sh, 2, false, false));
+    ck_assert(!tkv_lru_shadow_touch(sh, 3, true, false));
+    ck_assert(!tkv_lru_shadow_touch(sh, 2, false, false)); /* held, but after a miss */
     /* full: the coldest goes (1, the root of the oldest request); 3 stays */
-    ck_assert(!tkv_lru_shadow_touch(sh, 4, true));
-    ck_assert(!tkv_lru_shadow_touch(sh, 5, true)); /* evicts the coldest */
-    ck_assert(tkv_lru_shadow_touch(sh, 3, true));
+    ck_assert(!tkv_lru_shadow_touch(sh, 4, true, false));
+    ck_assert(!tkv_lru_shadow_touch(sh, 5, true, false)); /* evicts the coldest */
+    ck_assert(tkv_lru_shadow_touch(sh, 3, true, false));
+    tkv_lru_shadow_free(sh);
+}
+END_TEST
+
+/* The guard's bound rests on the shadow's count of the blocks LRU holds that the tier does
+ * not: touches and marks keep it exact, and an eviction of a block the tier holds adds none. */
+START_TEST(shadow_counts_missing)
+{
+    tkv_lru_shadow *sh = tkv_lru_shadow_new(3);
+    ck_assert_uint_eq(tkv_lru_shadow_missing(sh), 0);
+    tkv_lru_shadow_touch(sh, 11, true, false); /* misses the tier is about to insert */
+    tkv_lru_shadow_touch(sh, 13, false, false);
+    ck_assert_uint_eq(tkv_lru_shadow_missing(sh), 2);
+    tkv_lru_shadow_mark(sh, 11, true);
+    tkv_lru_shadow_mark(sh, 13, true);
+    ck_assert_uint_eq(tkv_lru_shadow_missing(sh), 0);
+    tkv_lru_shadow_touch(sh, 15, true, false); /* refused by the tier */
+    ck_assert_uint_eq(tkv_lru_shadow_missing(sh), 1);
+    ck_assert(tkv_lru_shadow_holds(sh, 15));
+    tkv_lru_shadow_mark(sh, 99, true); /* not held: nothing */
+    ck_assert_uint_eq(tkv_lru_shadow_missing(sh), 1);
+    /* full: 17 evicts the coldest (13, the tail of the oldest request, held by the tier
+     * too): still only 15 and 17 missing */
+    tkv_lru_shadow_touch(sh, 17, true, false);
+    ck_assert(!tkv_lru_shadow_holds(sh, 13));
+    ck_assert_uint_eq(tkv_lru_shadow_missing(sh), 2);
+    tkv_lru_shadow_mark(sh, 11, false); /* the tier evicts 11 */
+    ck_assert_uint_eq(tkv_lru_shadow_missing(sh), 3);
+    /* a hit of the tier on a block LRU lacks: LRU takes it in, as held by both, and evicts
+     * 11, a missing block: one fewer */
+    tkv_lru_shadow_touch(sh, 13, true, true);
+    ck_assert(!tkv_lru_shadow_holds(sh, 11));
+    ck_assert_uint_eq(tkv_lru_shadow_missing(sh), 2);
+    tkv_lru_shadow_touch(sh, 19, true, true); /* evicts 15, missing */
+    ck_assert(!tkv_lru_shadow_holds(sh, 15));
+    ck_assert_uint_eq(tkv_lru_shadow_missing(sh), 1);
+    ck_assert_uint_eq(tkv_lru_shadow_missing(NULL), 0);
+    ck_assert(!tkv_lru_shadow_holds(NULL, 19));
     tkv_lru_shadow_free(sh);
 }
 END_TEST
@@ -258,6 +296,7 @@ int main(void)
     tcase_set_timeout(guard, 60);
     tcase_add_test(guard, shadow_counts_lru_hits);
     tcase_add_test(guard, shadow_bounds);
+    tcase_add_test(guard, shadow_counts_missing);
     suite_add_tcase(s, guard);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
