@@ -8,8 +8,8 @@
  *   get bandwidth through the mapped L2 pool (and by value, for reference)
  *       vs plain memcpy of the same bytes
  *
- * It starts its own tierkvd (this build's, temp dir) and redis-server (temp dir, TCP on 127.0.0.1),
- * and stops both. Prints a table, or one JSON object with --json.
+ * It starts its own tierkvd (this build's, temp dir) and redis-server (temp dir, TCP on
+ * 127.0.0.1), and stops both. Prints a table, or one JSON object with --json.
  *
  *   build/bench/rpc_bench [--json] [--seconds S] [--threads N] [--key-cache-bytes B]
  *
