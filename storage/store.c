@@ -426,6 +426,7 @@ static void l1_slot_free(tkv_store *s, uint64_t slot)
  * refusals since the previous line. */
 typedef struct refusal_line {
     uint64_t held, holds;  /* refusals held back since the last line; blocks held in the tier */
+    uint64_t limit;        /* its quota there, or its own region's size (0: none) */
 } refusal_line;
 
 static bool refusal_note(tkv_store *s, unsigned tn, int t, uint64_t n, refusal_line *out)
@@ -443,6 +444,13 @@ static bool refusal_note(tkv_store *s, unsigned tn, int t, uint64_t n, refusal_l
     a->log_ns = now;
     out->held = a->log_held;
     out->holds = t < TKV_NUM_TIERS ? a->blocks[t] : a->l4_blocks;
+    out->limit = t < TKV_NUM_TIERS ? a->max[t] : a->l4_max;
+    uint64_t region = t == TKV_TIER_L2 && s->region_of[tn]
+                          ? tkv_pool_region_slots(s->pool, s->region_of[tn])
+                      : t == TKV_TIER_L1 && s->l1_region_of[tn] ? s->l1_size[s->l1_region_of[tn]]
+                                                                : 0;
+    if (region && (!out->limit || out->limit > region))
+        out->limit = region;
     a->log_held = 0;
     return true;
 }
@@ -457,8 +465,7 @@ static void refusal_log(const tkv_store *s, unsigned tn, int t, uint64_t n,
     TKV_LOG(TKV_LOG_WARN, "tenant %s: %llu L%d blocks refused (%s; holds %llu, quota %llu) "
             "(%llu more refused since the last line)", a->name ? a->name : id,
             (unsigned long long)n, t, why, (unsigned long long)l->holds,
-            (unsigned long long)(t < TKV_NUM_TIERS ? a->max[t] : a->l4_max),
-            (unsigned long long)l->held);
+            (unsigned long long)l->limit, (unsigned long long)l->held);
 }
 
 static void lock(tkv_store *s);

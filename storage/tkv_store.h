@@ -243,8 +243,8 @@ int tkv_store_alloc(tkv_store *s, size_t n, uint64_t owner, uint64_t *alloc_id,
  * L2. TKV_EUNSUPPORTED when the store has no such tier. */
 int tkv_store_alloc_tier(tkv_store *s, int tier, size_t n, uint64_t owner, uint64_t *alloc_id,
                          uint64_t *offsets);
-/* The same for tenant `tenant`: the L2 slots are reserved under its quota and the committed
- * blocks are its. */
+/* The same for tenant `tenant`: the slots are reserved in its region of the tier and under
+ * its quota there, and the committed blocks are its. */
 int tkv_store_alloc_as(tkv_store *s, unsigned tenant, int tier, size_t n, uint64_t owner,
                        uint64_t *alloc_id, uint64_t *offsets);
 /* Writes src (block_bytes) into slot `index` of an allocation (for clients that cannot write
