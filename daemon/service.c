@@ -310,7 +310,8 @@ static Tierkv__V1__BlockLoc **loc_msgs(tkvd_call *k, const tkv_block_loc *locs, 
     Tierkv__V1__BlockLoc **ptrs = call_alloc(k, n, sizeof(*ptrs));
     uint64_t base = 0, bytes = 0, base1 = 0, bytes1 = 0;
     tkv_store_l2_region(k->svc->store, tkvd_tenant_store_id(k->tenant), &base, &bytes, NULL, NULL);
-    l1_region_of(k, &base1, &bytes1);
+    if (!l1_region_of(k, &base1, &bytes1))
+        bytes1 = UINT64_MAX; /* an L1 backend of no regions: its offsets as they are */
     for (size_t i = 0; i < n; i++) {
         tierkv__v1__block_loc__init(&msgs[i]);
         bool in_l2 = locs[i].in_l2 && locs[i].l2_offset >= base &&
@@ -700,8 +701,8 @@ static void h_alloc(tkvd_call *k, const void *req, void *out)
     if (target_tier(k, rq->tier, "alloc") == TKV_TIER_L2)
         tkv_store_l2_region(k->svc->store, tkvd_tenant_store_id(k->tenant), &base, &bytes, NULL,
                             NULL);
-    else
-        l1_region_of(k, &base, &bytes);
+    else if (!l1_region_of(k, &base, &bytes))
+        bytes = UINT64_MAX; /* an L1 backend of no regions (none but the GPU's has them) */
     for (uint32_t i = 0; i < rq->num_blocks; i++) {
         TKV_ASSERT(offsets[i] >= base && offsets[i] - base < bytes);
         offsets[i] -= base;
