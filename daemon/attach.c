@@ -43,7 +43,9 @@ struct tkvd_attach {
     uint64_t next_id;
     bool allow_writable;  /* trusted peers (same uid or root) may map L2 writable */
     bool have_gpu;
-    tkv_attach_gpu gpu;   /* sent after the reply when have_gpu */
+    tkv_attach_gpu *gpu;  /* per L1 region: its message, sent after the reply to a client of
+                           * a tenant in it (num_chunks 0: an empty region, no L1) */
+    unsigned num_gpu;
     const tkvd_tenants *tenants; /* NULL or empty: no tenants */
     tkvd_fast *fast;      /* serves fast-path connections; NULL = none offered */
     uint64_t *fast_done;  /* client ids whose fast connection ended (guarded by mu) */
@@ -87,11 +89,15 @@ void tkvd_attach_allow_writable(tkvd_attach *a, bool on)
     pthread_mutex_unlock(&a->mu);
 }
 
-void tkvd_attach_offer_gpu(tkvd_attach *a, const tkv_attach_gpu *gpu)
+void tkvd_attach_offer_gpu(tkvd_attach *a, const tkv_attach_gpu *gpu, unsigned num_regions)
 {
+    tkv_attach_gpu *copy = tkv_xmalloc((num_regions ? num_regions : 1) * sizeof(*copy));
+    memcpy(copy, gpu, num_regions * sizeof(*copy));
     pthread_mutex_lock(&a->mu);
-    a->gpu = *gpu;
-    a->have_gpu = true;
+    free(a->gpu);
+    a->gpu = copy;
+    a->num_gpu = num_regions;
+    a->have_gpu = num_regions > 0;
     pthread_mutex_unlock(&a->mu);
 }
 
@@ -180,7 +186,7 @@ static bool on_hello(tkvd_attach *a, size_t i)
     }
     uint64_t tag = 0;
     unsigned store_tenant = 0;   /* whose L2 region the client maps */
-    bool may_l1 = true;          /* the L1 pool holds every tenant's blocks */
+    bool may_l1 = true;          /* may map its L1 region (read-write: CUDA IPC has no other) */
     pthread_mutex_lock(&a->mu);
     const tkvd_tenants *ts = a->tenants;
     pthread_mutex_unlock(&a->mu);
@@ -200,7 +206,9 @@ static bool on_hello(tkvd_attach *a, size_t i)
             return false;
         }
         /* Every tenant maps its own L2 region only (a memfd of its own: no offset reaches
-         * another's bytes); the L1 pool, one allocation for all, only for map_pool tenants. */
+         * another's bytes), and its own L1 region only (an allocation of its own, the only
+         * handle it is sent), that one only when map_pool: CUDA IPC maps read-write, so the
+         * tenant's engines must be trusted with its L1 blocks. */
         may_l1 = t->map_pool;
         store_tenant = tkvd_tenant_store_id(t);
         tag = tkvd_tenant_tag(t);
@@ -246,14 +254,20 @@ static bool on_hello(tkvd_attach *a, size_t i)
     rep.block_bytes = tkv_store_block_bytes(a->store);
     rep.block_tokens = tkv_store_block_tokens(a->store);
     pthread_mutex_lock(&a->mu);
-    bool gpu = a->have_gpu && may_l1;
+    unsigned l1_region = 0;
+    bool gpu = a->have_gpu && may_l1 &&
+               tkv_store_l1_region(a->store, store_tenant, &l1_region) == TKV_OK &&
+               l1_region < a->num_gpu && a->gpu[l1_region].num_chunks > 0;
+    tkv_attach_gpu gmsg;
+    if (gpu)
+        gmsg = a->gpu[l1_region];
     tkvd_fast *fast = (h.flags & TKV_ATTACH_HELLO_FAST) ? a->fast : NULL;
     pthread_mutex_unlock(&a->mu);
     rep.flags = (gpu ? TKV_ATTACH_F_L1 : 0) | (writable ? TKV_ATTACH_F_WRITABLE : 0) |
                 (fast ? TKV_ATTACH_F_FAST : 0);
     if (send_reply(a, c->fd, &rep, true, store_tenant) != 0 ||
-        (gpu && send(c->fd, &a->gpu, sizeof(a->gpu), MSG_NOSIGNAL | MSG_DONTWAIT) !=
-                    (ssize_t)sizeof(a->gpu))) {
+        (gpu && send(c->fd, &gmsg, sizeof(gmsg), MSG_NOSIGNAL | MSG_DONTWAIT) !=
+                    (ssize_t)sizeof(gmsg))) {
         TKV_LOG(TKV_LOG_INFO, "attach: could not answer pid %u: %s", h.pid, strerror(errno));
         pthread_mutex_lock(&a->mu);
         c->client_id = 0; /* the client never learnt it: close_conn must not uncount it */
@@ -460,6 +474,7 @@ void tkvd_attach_stop(tkvd_attach *a)
     unlink(a->path);
     free(a->conns);
     free(a->fast_done);
+    free(a->gpu);
     pthread_mutex_destroy(&a->mu);
     free(a->path);
     free(a);

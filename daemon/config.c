@@ -629,6 +629,11 @@ int tkvd_config_finish(tkvd_config *c, char *err, size_t err_len)
         uint64_t *regions = tkv_xcalloc(c->tenants.n, sizeof(*regions));
         int rc = tkvd_tenants_l2_regions(&c->tenants, tkvd_config_l2_blocks(c), regions, err,
                                          err_len);
+        /* The same in L1 where the configuration asks for one (the GPU may still be absent
+         * at start: then L1 is off and these are not used). */
+        uint64_t l1_blocks = c->block_bytes ? c->l1_bytes / c->block_bytes : 0;
+        if (rc == TKV_OK && l1_blocks)
+            rc = tkvd_tenants_l1_regions(&c->tenants, l1_blocks, regions, err, err_len);
         free(regions);
         if (rc != TKV_OK)
             return TKV_EINVAL;

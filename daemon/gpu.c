@@ -1,9 +1,12 @@
 /* gpu.c - the L1 pool in HBM and its copy engine (see tkvd_gpu.h).
  *
- * L1 offsets as clients see them are chunk * chunk_bytes + index_in_chunk * block_bytes:
- * chunks are separate cudaMalloc allocations (CUDA IPC exports whole allocations by their
- * base pointer), sized in 2 MiB multiples so the mapping granularity wastes nothing on the
- * importer's side.
+ * The pool is one cudaMalloc allocation per L1 region (the store's; one per tenant, region 0
+ * for blocks of no tenant or tenants without one): CUDA IPC exports a whole allocation by its
+ * base pointer, so a client given one region's handle can reach that region's bytes and no
+ * others. Sizes are 2 MiB multiples, so the mapping granularity wastes nothing on the
+ * importer's side. Pool offsets (what the store hands out) are base[r] + index_in_region *
+ * block_bytes, with base[r] the sum of the sizes of the regions before r; a client is told
+ * offsets relative to its region (the daemon subtracts base[r]).
  */
 #include "tkvd_gpu.h"
 
@@ -19,18 +22,22 @@
 #include "tkv_kernels.h"
 
 #define kChunkAlign (2ull << 20)
-/* One allocation as long as the device grants it: kernels address a pool by one base
- * pointer and block ids, so a single chunk lets a block table mix any blocks. */
-#define kMaxChunkBytes (1ull << 40)
 #define kNumStreams 8
+
+typedef struct l1_region {
+    uint64_t first_slot, num_slots;
+    uint64_t base;            /* pool offset of its first byte */
+    uint64_t bytes;           /* its allocation's size (0: an empty region, no allocation) */
+    char *ptr;
+    cudaIpcMemHandle_t handle;
+} l1_region;
 
 struct tkvd_gpu {
     int device;
     size_t block_bytes;
-    uint64_t num_blocks, blocks_per_chunk, chunk_bytes;
-    uint32_t num_chunks;
-    char *chunks[TKV_ATTACH_MAX_CHUNKS];
-    cudaIpcMemHandle_t handles[TKV_ATTACH_MAX_CHUNKS];
+    uint64_t num_blocks;
+    unsigned num_regions;
+    l1_region regions[TKVD_GPU_MAX_REGIONS];
     char pci_bus_id[32];
     char *l2_base;
     uint64_t l2_bytes;
@@ -55,14 +62,19 @@ static int cuda_fail(const char *what, cudaError_t e)
 
 static uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
-/* One pinned copy of 256 MiB up: the rate the cost check quotes. */
+/* One pinned copy of 256 MiB up: the rate the cost check quotes (into the largest region). */
 static double probe_h2d(tkvd_gpu *g)
 {
+    const l1_region *big = NULL;
+    for (unsigned r = 0; r < g->num_regions; r++)
+        if (g->regions[r].bytes && (!big || g->regions[r].bytes > big->bytes))
+            big = &g->regions[r];
     uint64_t bytes = g->l2_probe_bytes < (256ull << 20) ? g->l2_probe_bytes : (256ull << 20);
-    uint64_t l1 = (uint64_t)g->num_blocks * g->block_bytes;
-    if (bytes > g->chunk_bytes)
-        bytes = g->chunk_bytes;
-    if (bytes == 0 || l1 == 0)
+    if (!big)
+        return 0;
+    if (bytes > big->bytes)
+        bytes = big->bytes;
+    if (bytes == 0)
         return 0;
     cudaEvent_t a, b;
     float ms = 0;
@@ -72,9 +84,9 @@ static double probe_h2d(tkvd_gpu *g)
         cudaEventDestroy(a);
         return 0;
     }
-    cudaMemcpyAsync(g->chunks[0], g->l2_base, bytes, cudaMemcpyHostToDevice, g->streams[0]);
+    cudaMemcpyAsync(big->ptr, g->l2_base, bytes, cudaMemcpyHostToDevice, g->streams[0]);
     cudaEventRecord(a, g->streams[0]);
-    cudaMemcpyAsync(g->chunks[0], g->l2_base, bytes, cudaMemcpyHostToDevice, g->streams[0]);
+    cudaMemcpyAsync(big->ptr, g->l2_base, bytes, cudaMemcpyHostToDevice, g->streams[0]);
     cudaEventRecord(b, g->streams[0]);
     if (cudaEventSynchronize(b) == cudaSuccess)
         cudaEventElapsedTime(&ms, a, b);
@@ -83,10 +95,10 @@ static double probe_h2d(tkvd_gpu *g)
     return ms > 0 ? (double)bytes / 1e9 / (ms / 1e3) : 0;
 }
 
-int tkvd_gpu_open(int ordinal, uint64_t num_blocks, size_t block_bytes, tkvd_gpu **out)
+int tkvd_gpu_open(int ordinal, size_t block_bytes, tkvd_gpu **out)
 {
     *out = NULL;
-    if (num_blocks == 0 || block_bytes == 0)
+    if (block_bytes == 0)
         return TKV_EINVAL;
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
@@ -103,7 +115,6 @@ int tkvd_gpu_open(int ordinal, uint64_t num_blocks, size_t block_bytes, tkvd_gpu
     int rc = TKV_OK;
     g->device = ordinal;
     g->block_bytes = block_bytes;
-    g->num_blocks = num_blocks;
     pthread_mutex_init(&g->mu, NULL);
     pthread_cond_init(&g->cv, NULL);
     if ((e = cudaSetDevice(ordinal)) != cudaSuccess) {
@@ -111,47 +122,65 @@ int tkvd_gpu_open(int ordinal, uint64_t num_blocks, size_t block_bytes, tkvd_gpu
         goto fail;
     }
     cudaDeviceGetPCIBusId(g->pci_bus_id, sizeof(g->pci_bus_id), ordinal);
-
-    /* Chunk: the largest 2 MiB multiple under kMaxChunkBytes that holds whole blocks, but no
-     * larger than the pool needs. */
-    uint64_t per_chunk = kMaxChunkBytes / block_bytes;
-    if (per_chunk == 0) {
-        rc = TKV_EINVAL;
-        goto fail;
-    }
-    if (per_chunk > num_blocks)
-        per_chunk = num_blocks;
-    g->num_chunks = (uint32_t)((num_blocks + per_chunk - 1) / per_chunk);
-    if (g->num_chunks > TKV_ATTACH_MAX_CHUNKS) {
-        TKV_LOG(TKV_LOG_ERROR, "gpu: %llu L1 blocks need more than %d chunks",
-                (unsigned long long)num_blocks, TKV_ATTACH_MAX_CHUNKS);
-        rc = TKV_EINVAL;
-        goto fail;
-    }
-    g->blocks_per_chunk = per_chunk;
-    g->chunk_bytes = round_up(per_chunk * block_bytes, kChunkAlign);
-    for (uint32_t i = 0; i < g->num_chunks; i++) {
-        if ((e = cudaMalloc((void **)&g->chunks[i], g->chunk_bytes)) != cudaSuccess) {
-            rc = cuda_fail("cudaMalloc(L1 chunk)", e);
-            goto fail;
-        }
-        if ((e = cudaIpcGetMemHandle(&g->handles[i], g->chunks[i])) != cudaSuccess) {
-            rc = cuda_fail("cudaIpcGetMemHandle", e);
-            goto fail;
-        }
-    }
     for (int i = 0; i < kNumStreams; i++)
         if ((e = cudaStreamCreateWithFlags(&g->streams[i], cudaStreamNonBlocking)) != cudaSuccess) {
             rc = cuda_fail("cudaStreamCreate", e);
             goto fail;
         }
-    TKV_LOG(TKV_LOG_INFO, "gpu: L1 pool %llu blocks in %u chunk(s) of %llu MiB on %s",
-            (unsigned long long)num_blocks, g->num_chunks,
-            (unsigned long long)(g->chunk_bytes >> 20), g->pci_bus_id);
     *out = g;
     return TKV_OK;
 fail:
     tkvd_gpu_close(g);
+    return rc;
+}
+
+int tkvd_gpu_alloc_l1(tkvd_gpu *g, const uint64_t *first_slot, const uint64_t *num_slots,
+                      unsigned num_regions)
+{
+    if (!g || g->num_regions || !first_slot || !num_slots || num_regions == 0 ||
+        num_regions > TKVD_GPU_MAX_REGIONS)
+        return TKV_EINVAL;
+    uint64_t next_slot = 0, base = 0;
+    for (unsigned r = 0; r < num_regions; r++) { /* back to back, as the store lays them out */
+        if (first_slot[r] != next_slot || num_slots[r] > (1ull << 40) / g->block_bytes)
+            return TKV_EINVAL;
+        next_slot += num_slots[r];
+    }
+    cudaSetDevice(g->device);
+    int rc = TKV_OK;
+    for (unsigned r = 0; r < num_regions; r++) {
+        l1_region *R = &g->regions[r];
+        R->first_slot = first_slot[r];
+        R->num_slots = num_slots[r];
+        R->base = base;
+        R->bytes = round_up(num_slots[r] * g->block_bytes, kChunkAlign);
+        g->num_regions = r + 1; /* what close frees */
+        if (!R->bytes)
+            continue;
+        cudaError_t e = cudaMalloc((void **)&R->ptr, R->bytes);
+        if (e != cudaSuccess) {
+            R->ptr = NULL;
+            rc = cuda_fail("cudaMalloc(L1 region)", e);
+            goto fail;
+        }
+        if ((e = cudaIpcGetMemHandle(&R->handle, R->ptr)) != cudaSuccess) {
+            rc = cuda_fail("cudaIpcGetMemHandle", e);
+            goto fail;
+        }
+        base += R->bytes;
+    }
+    g->num_blocks = next_slot;
+    TKV_LOG(TKV_LOG_INFO, "gpu: L1 pool %llu blocks in %u region(s), %llu MiB, on %s",
+            (unsigned long long)g->num_blocks, num_regions, (unsigned long long)(base >> 20),
+            g->pci_bus_id);
+    return TKV_OK;
+fail:
+    for (unsigned r = 0; r < g->num_regions; r++) {
+        if (g->regions[r].ptr)
+            cudaFree(g->regions[r].ptr);
+        memset(&g->regions[r], 0, sizeof(g->regions[r]));
+    }
+    g->num_regions = 0;
     return rc;
 }
 
@@ -217,9 +246,9 @@ void tkvd_gpu_close(tkvd_gpu *g)
     for (int i = 0; i < kNumStreams; i++)
         if (g->streams[i])
             cudaStreamDestroy(g->streams[i]);
-    for (uint32_t i = 0; i < g->num_chunks; i++)
-        if (g->chunks[i])
-            cudaFree(g->chunks[i]);
+    for (unsigned r = 0; r < g->num_regions; r++)
+        if (g->regions[r].ptr)
+            cudaFree(g->regions[r].ptr);
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->cv);
     free(g);
@@ -228,25 +257,53 @@ void tkvd_gpu_close(tkvd_gpu *g)
 uint64_t tkvd_gpu_l1_blocks(const tkvd_gpu *g) { return g ? g->num_blocks : 0; }
 double tkvd_gpu_h2d_gbps(const tkvd_gpu *g) { return g ? g->h2d_gbps : 0; }
 
-void tkvd_gpu_attach_info(const tkvd_gpu *g, tkv_attach_gpu *out)
+unsigned tkvd_gpu_num_regions(const tkvd_gpu *g) { return g ? g->num_regions : 0; }
+
+int tkvd_gpu_region(const tkvd_gpu *g, unsigned r, uint64_t *base, uint64_t *bytes)
+{
+    if (!g || r >= g->num_regions)
+        return TKV_EINVAL;
+    if (base)
+        *base = g->regions[r].base;
+    if (bytes)
+        *bytes = g->regions[r].bytes;
+    return TKV_OK;
+}
+
+int tkvd_gpu_attach_info(const tkvd_gpu *g, unsigned r, tkv_attach_gpu *out)
 {
     memset(out, 0, sizeof(*out));
+    if (!g || r >= g->num_regions || !g->regions[r].bytes)
+        return TKV_EINVAL;
+    const l1_region *R = &g->regions[r];
     out->magic = TKV_ATTACH_MAGIC;
-    out->num_chunks = g->num_chunks;
-    out->chunk_bytes = g->chunk_bytes;
-    out->l1_bytes = (uint64_t)g->num_chunks * g->chunk_bytes;
+    out->num_chunks = 1;
+    out->chunk_bytes = R->bytes;
+    out->l1_bytes = R->bytes;
     memcpy(out->pci_bus_id, g->pci_bus_id, sizeof(out->pci_bus_id));
-    for (uint32_t i = 0; i < g->num_chunks; i++)
-        memcpy(out->handles[i], &g->handles[i], sizeof(g->handles[i]));
+    memcpy(out->handles[0], &R->handle, sizeof(R->handle));
+    return TKV_OK;
 }
 
 /* ---- the store's backend ---------------------------------------------------------------- */
 
+/* The region holding slot (the store never names a slot outside every region). */
+static const l1_region *region_of_slot(const tkvd_gpu *g, uint64_t slot)
+{
+    for (unsigned r = 0; r < g->num_regions; r++) {
+        const l1_region *R = &g->regions[r];
+        if (slot >= R->first_slot && slot - R->first_slot < R->num_slots)
+            return R;
+    }
+    TKV_ASSERT(!"L1 slot outside every region");
+    return NULL;
+}
+
 static uint64_t l1_offset(void *ctx, uint64_t slot)
 {
     const tkvd_gpu *g = ctx;
-    return (slot / g->blocks_per_chunk) * g->chunk_bytes +
-           (slot % g->blocks_per_chunk) * g->block_bytes;
+    const l1_region *R = region_of_slot(g, slot);
+    return R->base + (slot - R->first_slot) * g->block_bytes;
 }
 
 static int take_stream(tkvd_gpu *g)
@@ -271,8 +328,9 @@ static void give_stream(tkvd_gpu *g, int i)
     pthread_mutex_unlock(&g->mu);
 }
 
-/* Blocks of one batch may span chunks, so the copy is issued per chunk run: each run is one
- * batched DMA call from the L2 base into that chunk's base (or back). */
+/* Blocks of one batch may span regions (a lease of blocks of no tenant and of its own), so the
+ * copy is issued per region run: each run is one batched DMA call from the L2 base into that
+ * region's allocation (or back). */
 static int move(tkvd_gpu *g, bool up, const uint64_t *l1_slots, const uint64_t *l2_offsets,
                 size_t n)
 {
@@ -286,14 +344,15 @@ static int move(tkvd_gpu *g, bool up, const uint64_t *l1_slots, const uint64_t *
     uint64_t *l1_off = tkv_xmalloc(n * sizeof(uint64_t));
     size_t i = 0;
     while (i < n && rc == TKV_OK) {
-        uint64_t chunk = l1_slots[i] / g->blocks_per_chunk;
+        const l1_region *R = region_of_slot(g, l1_slots[i]);
         size_t j = i;
-        for (; j < n && l1_slots[j] / g->blocks_per_chunk == chunk; j++)
-            l1_off[j] = (l1_slots[j] % g->blocks_per_chunk) * g->block_bytes;
-        int krc = up ? tkvk_blockcopy_cuda(g->chunks[chunk], g->l2_base, l1_off + i,
+        for (; j < n && l1_slots[j] >= R->first_slot && l1_slots[j] - R->first_slot < R->num_slots;
+             j++)
+            l1_off[j] = (l1_slots[j] - R->first_slot) * g->block_bytes;
+        int krc = up ? tkvk_blockcopy_cuda(R->ptr, g->l2_base, l1_off + i,
                                            l2_offsets + i, j - i, g->block_bytes,
                                            TKVK_COPY_DMA, g->streams[si])
-                     : tkvk_blockcopy_cuda(g->l2_base, g->chunks[chunk], l2_offsets + i,
+                     : tkvk_blockcopy_cuda(g->l2_base, R->ptr, l2_offsets + i,
                                            l1_off + i, j - i, g->block_bytes, TKVK_COPY_DMA,
                                            g->streams[si]);
         if (krc != TKVK_OK) {
@@ -335,11 +394,22 @@ struct tkvd_gpu {
     int unused;
 };
 
-int tkvd_gpu_open(int ordinal, uint64_t num_blocks, size_t block_bytes, tkvd_gpu **out)
+int tkvd_gpu_open(int ordinal, size_t block_bytes, tkvd_gpu **out)
 {
     *out = NULL;
     TKV_LOG(TKV_LOG_INFO, "gpu: built without CUDA: L1 off");
     return TKV_EUNSUPPORTED;
+}
+
+int tkvd_gpu_alloc_l1(tkvd_gpu *g, const uint64_t *first_slot, const uint64_t *num_slots,
+                      unsigned num_regions)
+{
+    return TKV_EUNSUPPORTED;
+}
+unsigned tkvd_gpu_num_regions(const tkvd_gpu *g) { return 0; }
+int tkvd_gpu_region(const tkvd_gpu *g, unsigned r, uint64_t *base, uint64_t *bytes)
+{
+    return TKV_EINVAL;
 }
 
 int tkvd_gpu_pin_l2(tkvd_gpu *g, void *l2_base, uint64_t l2_bytes, const uint64_t *region_bytes,
@@ -350,7 +420,11 @@ int tkvd_gpu_pin_l2(tkvd_gpu *g, void *l2_base, uint64_t l2_bytes, const uint64_
 void tkvd_gpu_close(tkvd_gpu *g) { free(g); }
 uint64_t tkvd_gpu_l1_blocks(const tkvd_gpu *g) { return 0; }
 double tkvd_gpu_h2d_gbps(const tkvd_gpu *g) { return 0; }
-void tkvd_gpu_attach_info(const tkvd_gpu *g, tkv_attach_gpu *out) { memset(out, 0, sizeof(*out)); }
+int tkvd_gpu_attach_info(const tkvd_gpu *g, unsigned r, tkv_attach_gpu *out)
+{
+    memset(out, 0, sizeof(*out));
+    return TKV_EINVAL;
+}
 
 static uint64_t l1_offset(void *ctx, uint64_t slot) { return TKV_NO_OFFSET; }
 static int l1_copy(void *ctx, const uint64_t *a, const uint64_t *b, size_t n)

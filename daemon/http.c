@@ -339,26 +339,44 @@ static void render_metrics(const tkvd_http_source *src, const http_snapshot *s, 
         for (size_t i = 0; i < ts->n; i++)
             tkv_store_get_tenant_stats(src->store, tkvd_tenant_store_id(ts->v[i]), &tst[i]);
         static const char *const tier_name[TKV_NUM_TIERS] = {"", "l1", "l2", "l3"};
-        prom_family(b, "tierkv_tenant_blocks", "gauge", "Blocks held, per tenant and tier.");
-        for (size_t i = 0; i < ts->n; i++)
+        prom_family(b, "tierkv_tenant_blocks", "gauge", "Blocks held, per tenant and tier (l4: "
+                    "blocks this daemon put into L4 for it).");
+        for (size_t i = 0; i < ts->n; i++) {
             for (int t = TKV_TIER_L1; t < TKV_NUM_TIERS; t++)
                 buf_printf(b, "tierkv_tenant_blocks{tenant=\"%s\",tier=\"%s\"} %" PRIu64 "\n",
                            ts->v[i]->name, tier_name[t], tst[i].blocks_tier[t]);
+            buf_printf(b, "tierkv_tenant_blocks{tenant=\"%s\",tier=\"l4\"} %" PRIu64 "\n",
+                       ts->v[i]->name, tst[i].l4_blocks);
+        }
         prom_family(b, "tierkv_tenant_quota_blocks", "gauge",
                     "Configured quota per tenant and tier (0 = no limit).");
-        for (size_t i = 0; i < ts->n; i++)
-            for (int t = TKV_TIER_L2; t <= TKV_TIER_L3; t++)
+        for (size_t i = 0; i < ts->n; i++) {
+            for (int t = TKV_TIER_L1; t <= TKV_TIER_L3; t++)
                 buf_printf(b, "tierkv_tenant_quota_blocks{tenant=\"%s\",tier=\"%s\"} %" PRIu64
                            "\n", ts->v[i]->name, tier_name[t], tst[i].max_blocks_tier[t]);
+            buf_printf(b, "tierkv_tenant_quota_blocks{tenant=\"%s\",tier=\"l4\"} %" PRIu64 "\n",
+                       ts->v[i]->name, tst[i].max_l4_blocks);
+        }
+        prom_family(b, "tierkv_tenant_refused_tier_blocks_total", "counter",
+                    "Blocks refused for a tenant's quota or others' shares, per tier.");
+        for (size_t i = 0; i < ts->n; i++) {
+            for (int t = TKV_TIER_L1; t <= TKV_TIER_L3; t++)
+                buf_printf(b, "tierkv_tenant_refused_tier_blocks_total{tenant=\"%s\",tier=\"%s\"} %"
+                           PRIu64 "\n", ts->v[i]->name, tier_name[t],
+                           tst[i].refused_blocks_tier[t]);
+            buf_printf(b, "tierkv_tenant_refused_tier_blocks_total{tenant=\"%s\",tier=\"l4\"} %"
+                       PRIu64 "\n", ts->v[i]->name, tst[i].refused_l4_blocks);
+        }
         prom_family(b, "tierkv_tenant_guaranteed_blocks", "gauge",
                     "Guaranteed share per tenant and tier (0 = none).");
         for (size_t i = 0; i < ts->n; i++)
-            for (int t = TKV_TIER_L2; t <= TKV_TIER_L3; t++)
+            for (int t = TKV_TIER_L1; t <= TKV_TIER_L3; t++)
                 buf_printf(b, "tierkv_tenant_guaranteed_blocks{tenant=\"%s\",tier=\"%s\"} %"
                            PRIu64 "\n", ts->v[i]->name, tier_name[t],
                            tst[i].guaranteed_blocks_tier[t]);
         prom_family(b, "tierkv_tenant_refused_blocks_total", "counter",
-                    "Blocks a tenant's put, alloc or write-back to L3 could not store within its quota.");
+                    "Blocks a tenant's put, alloc, promotion, write-back to L3 or write to L4 "
+                    "could not store within its quota.");
         for (size_t i = 0; i < ts->n; i++)
             buf_printf(b, "tierkv_tenant_refused_blocks_total{tenant=\"%s\"} %" PRIu64 "\n",
                        ts->v[i]->name, tst[i].refused_blocks);

@@ -412,16 +412,19 @@ static int become_daemon(daemon_state *d)
 }
 
 /* Each tenant's own L2 region (its quota_l2_blocks, or a share of what the quotas leave: a
- * memfd of its own, all it may map), its L3 quota and guaranteed share, and its name for the
- * refusal log line, under its store id (tkvd_tenant_store_id). */
-static bool set_tenant_quotas(tkv_store_opts *so, const tkvd_config *cfg)
+ * memfd of its own, all it may map), the same in L1 where there is a GPU tier of l1_blocks
+ * (an allocation of its own), its L3 quota and guaranteed share, its L4 quota, and its name
+ * for the refusal log line and its L3 records, under its store id (tkvd_tenant_store_id). */
+static bool set_tenant_quotas(tkv_store_opts *so, const tkvd_config *cfg, uint64_t l1_blocks)
 {
     if (!tkvd_tenants_enabled(&cfg->tenants))
         return true;
-    uint64_t regions[TKVD_TENANT_MAX];
+    uint64_t regions[TKVD_TENANT_MAX], l1_regions[TKVD_TENANT_MAX];
     char err[256];
     if (tkvd_tenants_l2_regions(&cfg->tenants, tkvd_config_l2_blocks(cfg), regions, err,
-                                sizeof(err)) != TKV_OK) {
+                                sizeof(err)) != TKV_OK ||
+        (l1_blocks && tkvd_tenants_l1_regions(&cfg->tenants, l1_blocks, l1_regions, err,
+                                              sizeof(err)) != TKV_OK)) {
         TKV_LOG(TKV_LOG_ERROR, "%s", err);
         return false;
     }
@@ -435,6 +438,11 @@ static bool set_tenant_quotas(tkv_store_opts *so, const tkvd_config *cfg)
             tkv_store_opts_set_tenant_quota(so, id, TKV_TIER_L3, t->quota_l3_blocks,
                                             t->guaranteed_l3_blocks) != TKV_OK)
             return false;
+        if (l1_blocks && tkv_store_opts_set_l1_region(so, id, l1_regions[i]) != TKV_OK)
+            return false;
+        if (t->quota_l4_blocks &&
+            tkv_store_opts_set_tenant_l4_quota(so, id, t->quota_l4_blocks) != TKV_OK)
+            return false;
     }
     return true;
 }
@@ -445,8 +453,8 @@ static int store_options(daemon_state *d)
 {
     const tkvd_config *cfg = &d->cfg;
     tkv_store_opts *so = d->so = tkv_store_opts_new();
-    if (d->gpu &&
-        tkv_store_opts_set_l1(so, tkvd_gpu_l1_blocks(d->gpu), &tkvd_gpu_l1_ops, d->gpu) != TKV_OK) {
+    uint64_t l1_blocks = d->gpu ? cfg->l1_bytes / cfg->block_bytes : 0;
+    if (d->gpu && tkv_store_opts_set_l1(so, l1_blocks, &tkvd_gpu_l1_ops, d->gpu) != TKV_OK) {
         TKV_LOG(TKV_LOG_ERROR, "the store refused the L1 tier");
         return EXIT_RUNTIME;
     }
@@ -461,7 +469,7 @@ static int store_options(daemon_state *d)
         tkv_store_opts_set_policy(so, cfg->policy) != TKV_OK ||
         tkv_store_opts_set_workers(so, cfg->store_workers) != TKV_OK ||
         tkv_store_opts_set_lease_ttl_ms(so, cfg->lease_ttl_ms, cfg->lease_ttl_max_ms) != TKV_OK ||
-        tkv_store_opts_set_l4(so, d->l4) != TKV_OK || !set_tenant_quotas(so, cfg)) {
+        tkv_store_opts_set_l4(so, d->l4) != TKV_OK || !set_tenant_quotas(so, cfg, l1_blocks)) {
         TKV_LOG(TKV_LOG_ERROR, "the store refused the configuration (see the lines above)");
         return EXIT_CONFIG;
     }
@@ -476,8 +484,7 @@ static int open_store(daemon_state *d)
     /* The GPU tier: where a GPU exists and l1_bytes > 0. Without one the daemon serves L2 + L3
      * (the embedded default on a machine with no GPU). */
     if (cfg->l1_bytes / cfg->block_bytes > 0) {
-        int rc = tkvd_gpu_open(cfg->gpu_device, cfg->l1_bytes / cfg->block_bytes,
-                               cfg->block_bytes, &d->gpu);
+        int rc = tkvd_gpu_open(cfg->gpu_device, cfg->block_bytes, &d->gpu);
         if (rc != TKV_OK && rc != TKV_EUNSUPPORTED) {
             TKV_LOG(TKV_LOG_ERROR, "gpu: cannot set up the L1 pool (%s); lower l1_bytes or set "
                     "it to 0", tkv_strerror(rc));
@@ -499,6 +506,20 @@ static int open_store(daemon_state *d)
     if (rc != TKV_OK) {
         TKV_LOG(TKV_LOG_ERROR, "cannot open the store: %s", tkv_strerror(rc));
         return EXIT_RUNTIME;
+    }
+    /* L1: one allocation per region of the store's (a tenant's own, exported on its own). */
+    if (d->gpu) {
+        unsigned n1 = tkv_store_l1_num_regions(d->store);
+        uint64_t first[TKVD_GPU_MAX_REGIONS], num[TKVD_GPU_MAX_REGIONS];
+        for (unsigned r = 0; r < n1 && r < TKVD_GPU_MAX_REGIONS; r++)
+            tkv_store_l1_region_at(d->store, r, &first[r], &num[r]);
+        int grc = n1 > TKVD_GPU_MAX_REGIONS ? TKV_EINVAL
+                                            : tkvd_gpu_alloc_l1(d->gpu, first, num, n1);
+        if (grc != TKV_OK) {
+            TKV_LOG(TKV_LOG_ERROR, "gpu: cannot set up the L1 pool (%s); lower l1_bytes or set "
+                    "it to 0", tkv_strerror(grc));
+            return EXIT_RUNTIME;
+        }
     }
     /* Each L2 region is its own memfd mapping: pinned one by one (a registration may not
      * span two mappings), addressed from the one base. */
@@ -527,10 +548,13 @@ static int start_servers(daemon_state *d)
         return EXIT_RUNTIME;
     tkvd_attach_allow_writable(d->attach, cfg->attach_writable);
     tkvd_attach_set_tenants(d->attach, &cfg->tenants);
-    if (d->gpu) {
-        tkv_attach_gpu info;
-        tkvd_gpu_attach_info(d->gpu, &info);
-        tkvd_attach_offer_gpu(d->attach, &info);
+    if (d->gpu) { /* each region's own handle, for the clients of its tenant only */
+        unsigned n1 = tkvd_gpu_num_regions(d->gpu);
+        tkv_attach_gpu *infos = tkv_xcalloc(n1 ? n1 : 1, sizeof(*infos));
+        for (unsigned r = 0; r < n1; r++)
+            tkvd_gpu_attach_info(d->gpu, r, &infos[r]); /* an empty region: zeroed, no L1 */
+        tkvd_attach_offer_gpu(d->attach, infos, n1);
+        free(infos);
     }
 
     tkvd_service *svc = &d->svc;
@@ -541,6 +565,7 @@ static int start_servers(daemon_state *d)
     svc->keycache = tkvd_keycache_new(cfg->key_cache_bytes, cfg->geometry.block_tokens);
     svc->version = TKVD_VERSION;
     svc->rates.pcie_gbps = tkvd_gpu_h2d_gbps(d->gpu);
+    svc->gpu = d->gpu;
     svc->rates.l3_read_gbps = cfg->l3_read_mbps / 1000.0;
     atomic_init(&svc->stopping, false);
     atomic_init(&svc->abort_waits, false);

@@ -15,6 +15,7 @@
 #include "tkv_base.h"
 #include "tkv_keys.h"
 #include "tkv_l3.h"
+#include "tkvd_gpu.h"
 
 #define kMaxNamespaceBytes 255
 #define kListMax 10000          /* ListBlocks answers at most this many blocks */
@@ -286,28 +287,48 @@ static const char *tier_name(int t)
     }
 }
 
+/* The caller's tenant's L1 region as a range of pool offsets (the allocation its attach got
+ * the handle of); false where there is none (no GPU tier, an empty region). */
+static bool l1_region_of(tkvd_call *k, uint64_t *base, uint64_t *bytes)
+{
+    unsigned r = 0;
+    *base = *bytes = 0;
+    return k->svc->gpu &&
+           tkv_store_l1_region(k->svc->store, tkvd_tenant_store_id(k->tenant), &r) == TKV_OK &&
+           tkvd_gpu_region(k->svc->gpu, r, base, bytes) == TKV_OK && *bytes > 0;
+}
+
 /* A repeated BlockLoc from store locations, in call scratch memory. L2 offsets are told
- * relative to the caller's tenant's L2 region (the memfd its attach got): a block outside it
- * (none should be: a lease holds its tenant's blocks) is shown as not in L2, so no offset of
- * another region ever reaches a client. */
+ * relative to the caller's tenant's L2 region (the memfd its attach got), L1 offsets relative
+ * to its L1 region (the one allocation whose handle it got): a block outside them (none should
+ * be: a lease holds its tenant's blocks, and those of no tenant sit in region 0, shared with
+ * no one where tenants are configured) is shown as not in that tier, so no offset of another
+ * region ever reaches a client. */
 static Tierkv__V1__BlockLoc **loc_msgs(tkvd_call *k, const tkv_block_loc *locs, size_t n)
 {
     Tierkv__V1__BlockLoc *msgs = call_alloc(k, n, sizeof(*msgs));
     Tierkv__V1__BlockLoc **ptrs = call_alloc(k, n, sizeof(*ptrs));
-    uint64_t base = 0, bytes = 0;
+    uint64_t base = 0, bytes = 0, base1 = 0, bytes1 = 0;
     tkv_store_l2_region(k->svc->store, tkvd_tenant_store_id(k->tenant), &base, &bytes, NULL, NULL);
+    if (!l1_region_of(k, &base1, &bytes1))
+        bytes1 = UINT64_MAX; /* an L1 backend of no regions: its offsets as they are */
     for (size_t i = 0; i < n; i++) {
         tierkv__v1__block_loc__init(&msgs[i]);
         bool in_l2 = locs[i].in_l2 && locs[i].l2_offset >= base &&
                      locs[i].l2_offset - base < bytes;
-        msgs[i].tier = (Tierkv__V1__Tier)(locs[i].tier == TKV_TIER_L2 && !in_l2
-                                              ? (locs[i].in_l3 ? TKV_TIER_L3 : TKV_TIER_NONE)
-                                              : locs[i].tier);
+        bool in_l1 = locs[i].in_l1 && locs[i].l1_offset >= base1 &&
+                     locs[i].l1_offset - base1 < bytes1;
+        int tier = locs[i].tier;
+        if (tier == TKV_TIER_L1 && !in_l1)
+            tier = in_l2 ? TKV_TIER_L2 : locs[i].in_l3 ? TKV_TIER_L3 : TKV_TIER_NONE;
+        if (tier == TKV_TIER_L2 && !in_l2)
+            tier = locs[i].in_l3 ? TKV_TIER_L3 : TKV_TIER_NONE;
+        msgs[i].tier = (Tierkv__V1__Tier)tier;
         msgs[i].in_l2 = in_l2;
         msgs[i].in_l3 = locs[i].in_l3;
         msgs[i].l2_offset = in_l2 ? locs[i].l2_offset - base : 0;
-        msgs[i].in_l1 = locs[i].in_l1;
-        msgs[i].l1_offset = locs[i].in_l1 ? locs[i].l1_offset : 0;
+        msgs[i].in_l1 = in_l1;
+        msgs[i].l1_offset = in_l1 ? locs[i].l1_offset - base1 : 0;
         ptrs[i] = &msgs[i];
     }
     return ptrs;
@@ -368,13 +389,14 @@ static int target_tier(tkvd_call *k, int tier, const char *what)
 {
     if (tier == TKV_TIER_NONE || tier == TKV_TIER_L2)
         return TKV_TIER_L2;
-    /* The L1 pool is one CUDA allocation holding every tenant's L1 blocks, exported whole, so
-     * only map_pool tenants (trusted engines) get its handle at attach, and only they may
-     * place blocks there. */
+    /* Each tenant's L1 blocks live in an allocation of its own, and its engines get that
+     * one's handle at attach, read-write (CUDA IPC has no read-only mapping): only map_pool
+     * tenants (engines trusted with their tenant's L1 blocks) get it, and only they may place
+     * blocks there. */
     if (tier == TKV_TIER_L1 && has_l1(k->svc) && k->tenant && !k->tenant->map_pool) {
-        deny(k, GRPC_STATUS_PERMISSION_DENIED, "%s: tenant '%s' may not use the shared L1 "
-             "pool (it holds every tenant's blocks): set tenant.%s.map_pool = on for a trusted "
-             "engine", what, k->tenant->name, k->tenant->name);
+        deny(k, GRPC_STATUS_PERMISSION_DENIED, "%s: tenant '%s' may not use L1 (its engines "
+             "would map its L1 region read-write): set tenant.%s.map_pool = on for trusted "
+             "engines", what, k->tenant->name, k->tenant->name);
         return -1;
     }
     if (tier == TKV_TIER_L1 && has_l1(k->svc))
@@ -673,12 +695,17 @@ static void h_alloc(tkvd_call *k, const void *req, void *out)
                                 &id, offsets);
     if (!store_ok(k, rc, "alloc"))
         return;
-    if (target_tier(k, rq->tier, "alloc") == TKV_TIER_L2) { /* relative to the tenant's region */
-        uint64_t base = 0;
-        tkv_store_l2_region(k->svc->store, tkvd_tenant_store_id(k->tenant), &base, NULL, NULL,
+    /* Relative to the tenant's region of that tier (the mapping its attach got); the store
+     * took the slots there, so every offset lies inside it. */
+    uint64_t base = 0, bytes = 0;
+    if (target_tier(k, rq->tier, "alloc") == TKV_TIER_L2)
+        tkv_store_l2_region(k->svc->store, tkvd_tenant_store_id(k->tenant), &base, &bytes, NULL,
                             NULL);
-        for (uint32_t i = 0; i < rq->num_blocks; i++)
-            offsets[i] -= base;
+    else if (!l1_region_of(k, &base, &bytes))
+        bytes = UINT64_MAX; /* an L1 backend of no regions (none but the GPU's has them) */
+    for (uint32_t i = 0; i < rq->num_blocks; i++) {
+        TKV_ASSERT(offsets[i] >= base && offsets[i] - base < bytes);
+        offsets[i] -= base;
     }
     rsp->alloc_id = id;
     rsp->n_offsets = rq->num_blocks;

@@ -178,14 +178,21 @@ int tkvd_tenants_set(tkvd_tenants *t, const char *name, const char *field, const
             snprintf(why, sizeof(why), "'%s' is not a boolean (on/off)", value);
             goto bad;
         }
-    } else if (strcmp(field, "quota_l2_blocks") == 0 ||
+    } else if (strcmp(field, "quota_l1_blocks") == 0 ||
+               strcmp(field, "guaranteed_l1_blocks") == 0 ||
+               strcmp(field, "quota_l2_blocks") == 0 ||
                strcmp(field, "guaranteed_l2_blocks") == 0 ||
                strcmp(field, "quota_l3_blocks") == 0 ||
-               strcmp(field, "guaranteed_l3_blocks") == 0) {
-        bool l3 = strstr(field, "_l3_") != NULL;
-        uint64_t *slot = field[0] == 'q' ? (l3 ? &tn->quota_l3_blocks : &tn->quota_l2_blocks)
-                                         : (l3 ? &tn->guaranteed_l3_blocks
-                                               : &tn->guaranteed_l2_blocks);
+               strcmp(field, "guaranteed_l3_blocks") == 0 ||
+               strcmp(field, "quota_l4_blocks") == 0) {
+        /* Field names are "quota_lN_blocks" / "guaranteed_lN_blocks": N picks the tier. */
+        const char *l = strstr(field, "_l");
+        int tier = l[2] - '0';
+        bool q = field[0] == 'q';
+        uint64_t *slot = tier == 1 ? (q ? &tn->quota_l1_blocks : &tn->guaranteed_l1_blocks)
+                         : tier == 2 ? (q ? &tn->quota_l2_blocks : &tn->guaranteed_l2_blocks)
+                         : tier == 3 ? (q ? &tn->quota_l3_blocks : &tn->guaranteed_l3_blocks)
+                                     : &tn->quota_l4_blocks;
         errno = 0;
         char *end = NULL;
         unsigned long long v = isdigit((unsigned char)value[0]) ? strtoull(value, &end, 10) : 0;
@@ -196,8 +203,9 @@ int tkvd_tenants_set(tkvd_tenants *t, const char *name, const char *field, const
         *slot = v;
     } else {
         snprintf(why, sizeof(why), "unknown tenant field '%s' (uid, gid, tls_subject, "
-                 "token_sha256, admin, map_pool, quota_l2_blocks, guaranteed_l2_blocks, "
-                 "quota_l3_blocks, guaranteed_l3_blocks)", field);
+                 "token_sha256, admin, map_pool, quota_l1_blocks, guaranteed_l1_blocks, "
+                 "quota_l2_blocks, guaranteed_l2_blocks, quota_l3_blocks, guaranteed_l3_blocks, "
+                 "quota_l4_blocks)", field);
         goto bad;
     }
     if (fresh)
@@ -218,6 +226,12 @@ int tkvd_tenants_finish(const tkvd_tenants *t, char *err, size_t err_len)
             set_err(err, err_len, "tenant.%s: guaranteed_l2_blocks %llu exceeds its "
                     "quota_l2_blocks %llu", a->name, (unsigned long long)a->guaranteed_l2_blocks,
                     (unsigned long long)a->quota_l2_blocks);
+            return TKV_EINVAL;
+        }
+        if (a->quota_l1_blocks && a->guaranteed_l1_blocks > a->quota_l1_blocks) {
+            set_err(err, err_len, "tenant.%s: guaranteed_l1_blocks %llu exceeds its "
+                    "quota_l1_blocks %llu", a->name, (unsigned long long)a->guaranteed_l1_blocks,
+                    (unsigned long long)a->quota_l1_blocks);
             return TKV_EINVAL;
         }
         if (a->quota_l3_blocks && a->guaranteed_l3_blocks > a->quota_l3_blocks) {
@@ -259,39 +273,59 @@ int tkvd_tenants_finish(const tkvd_tenants *t, char *err, size_t err_len)
     return TKV_OK;
 }
 
-int tkvd_tenants_l2_regions(const tkvd_tenants *t, uint64_t l2_blocks, uint64_t *regions,
-                            char *err, size_t err_len)
+/* Each tenant's own region of tier `tier` (1 or 2) in blocks: its quota, else an equal share
+ * of what the quotas leave of total_blocks. */
+static int tier_regions(const tkvd_tenants *t, int tier, uint64_t total_blocks,
+                        uint64_t *regions, char *err, size_t err_len)
 {
+    const char *what = tier == 1 ? "L1" : "L2";
+    const char *raise = tier == 1 ? "l1_bytes" : "l2_bytes";
     uint64_t fixed = 0;
     size_t num_rest = 0;
     for (size_t i = 0; i < t->n; i++) {
-        fixed += t->v[i]->quota_l2_blocks;
-        num_rest += t->v[i]->quota_l2_blocks == 0;
+        uint64_t q = tier == 1 ? t->v[i]->quota_l1_blocks : t->v[i]->quota_l2_blocks;
+        fixed += q;
+        num_rest += q == 0;
     }
-    if (fixed > l2_blocks) {
-        set_err(err, err_len, "the tenants' quota_l2_blocks add up to %llu blocks, more than L2 "
-                "holds (%llu): each tenant's quota is an L2 region of its own",
-                (unsigned long long)fixed, (unsigned long long)l2_blocks);
+    if (fixed > total_blocks) {
+        set_err(err, err_len, "the tenants' quota_l%d_blocks add up to %llu blocks, more than %s "
+                "holds (%llu): each tenant's quota is an %s region of its own", tier,
+                (unsigned long long)fixed, what, (unsigned long long)total_blocks, what);
         return TKV_EINVAL;
     }
-    uint64_t share = num_rest ? (l2_blocks - fixed) / num_rest : 0;
+    uint64_t share = num_rest ? (total_blocks - fixed) / num_rest : 0;
     for (size_t i = 0; i < t->n; i++) {
         const tkvd_tenant *a = t->v[i];
-        regions[i] = a->quota_l2_blocks ? a->quota_l2_blocks : share;
+        uint64_t q = tier == 1 ? a->quota_l1_blocks : a->quota_l2_blocks;
+        uint64_t g = tier == 1 ? a->guaranteed_l1_blocks : a->guaranteed_l2_blocks;
+        regions[i] = q ? q : share;
         if (regions[i] == 0) {
-            set_err(err, err_len, "tenant.%s: no L2 left for its region (L2 %llu blocks, the "
-                    "quotas take %llu): raise l2_bytes or give it a quota_l2_blocks", a->name,
-                    (unsigned long long)l2_blocks, (unsigned long long)fixed);
+            set_err(err, err_len, "tenant.%s: no %s left for its region (%s %llu blocks, the "
+                    "quotas take %llu): raise %s or give it a quota_l%d_blocks", a->name, what,
+                    what, (unsigned long long)total_blocks, (unsigned long long)fixed, raise,
+                    tier);
             return TKV_EINVAL;
         }
-        if (a->guaranteed_l2_blocks > regions[i]) {
-            set_err(err, err_len, "tenant.%s: guaranteed_l2_blocks %llu exceeds its L2 region "
-                    "(%llu blocks)", a->name, (unsigned long long)a->guaranteed_l2_blocks,
+        if (g > regions[i]) {
+            set_err(err, err_len, "tenant.%s: guaranteed_l%d_blocks %llu exceeds its %s region "
+                    "(%llu blocks)", a->name, tier, (unsigned long long)g, what,
                     (unsigned long long)regions[i]);
             return TKV_EINVAL;
         }
     }
     return TKV_OK;
+}
+
+int tkvd_tenants_l2_regions(const tkvd_tenants *t, uint64_t l2_blocks, uint64_t *regions,
+                            char *err, size_t err_len)
+{
+    return tier_regions(t, 2, l2_blocks, regions, err, err_len);
+}
+
+int tkvd_tenants_l1_regions(const tkvd_tenants *t, uint64_t l1_blocks, uint64_t *regions,
+                            char *err, size_t err_len)
+{
+    return tier_regions(t, 1, l1_blocks, regions, err, err_len);
 }
 
 /* Constant time in the hash bytes, so response times do not reveal how much of a guess
@@ -353,6 +387,12 @@ void tkvd_tenants_print(const tkvd_tenants *t, FILE *f)
             fprintf(f, "tenant.%s.admin = on\n", a->name);
         if (a->map_pool)
             fprintf(f, "tenant.%s.map_pool = on\n", a->name);
+        if (a->quota_l1_blocks)
+            fprintf(f, "tenant.%s.quota_l1_blocks = %llu\n", a->name,
+                    (unsigned long long)a->quota_l1_blocks);
+        if (a->guaranteed_l1_blocks)
+            fprintf(f, "tenant.%s.guaranteed_l1_blocks = %llu\n", a->name,
+                    (unsigned long long)a->guaranteed_l1_blocks);
         if (a->quota_l2_blocks)
             fprintf(f, "tenant.%s.quota_l2_blocks = %llu\n", a->name,
                     (unsigned long long)a->quota_l2_blocks);
@@ -365,6 +405,9 @@ void tkvd_tenants_print(const tkvd_tenants *t, FILE *f)
         if (a->guaranteed_l3_blocks)
             fprintf(f, "tenant.%s.guaranteed_l3_blocks = %llu\n", a->name,
                     (unsigned long long)a->guaranteed_l3_blocks);
+        if (a->quota_l4_blocks)
+            fprintf(f, "tenant.%s.quota_l4_blocks = %llu\n", a->name,
+                    (unsigned long long)a->quota_l4_blocks);
         for (size_t j = 0; j < a->num_tokens; j++) {
             fprintf(f, "tenant.%s.token_sha256 = ", a->name);
             for (int k = 0; k < TKVD_TOKEN_HASH_BYTES; k++)

@@ -30,14 +30,18 @@ int tkvd_attach_start(const char *path, tkv_store *store, const uint8_t fingerpr
 void tkvd_attach_allow_writable(tkvd_attach *a, bool on);
 /* With tenants configured (t->n > 0; t must outlive the attach), a peer is admitted only as
  * the tenant its SO_PEERCRED uid/gid names; it gets the memfd of that tenant's own L2 region
- * (tkv_store_l2_region: no other tenant's block lies in it), and the L1 pool (one allocation
- * holding every tenant's L1 blocks) only when the tenant is marked map_pool (a trusted
- * engine). Its client_id carries the tenant's tag (tkvd_tenant_tag), so leases made under it
- * are that tenant's. Call right after start. */
+ * (tkv_store_l2_region: no other tenant's block lies in it), and the handle of that tenant's
+ * own L1 region (an allocation holding only its L1 blocks) when the tenant is marked map_pool
+ * (CUDA IPC maps read-write: its engines are trusted with its L1 blocks). Its client_id
+ * carries the tenant's tag (tkvd_tenant_tag), so leases made under it are that tenant's. Call
+ * right after start. */
 void tkvd_attach_set_tenants(tkvd_attach *a, const tkvd_tenants *t);
-/* Makes every later handshake offer the GPU pool: the reply gets TKV_ATTACH_F_L1 and is
- * followed by *gpu (copied). Call before clients attach (right after start). */
-void tkvd_attach_offer_gpu(tkvd_attach *a, const tkv_attach_gpu *gpu);
+/* Makes every later handshake offer the GPU pool: gpu[r] (copied; num_regions of them) is the
+ * message of L1 region r (tkv_store_l1_region_at). A client whose tenant's blocks live in
+ * region r gets a reply with TKV_ATTACH_F_L1 followed by gpu[r], that region's handle alone;
+ * where gpu[r].num_chunks is 0 (an empty region) it gets no L1. Call before clients attach
+ * (right after start). */
+void tkvd_attach_offer_gpu(tkvd_attach *a, const tkv_attach_gpu *gpu, unsigned num_regions);
 /* Serves the fast path (tkvd_fastpath.h) on the connections of clients that ask for it from
  * now on; the attach object owns f and stops it first in tkvd_attach_stop. */
 struct tkvd_fast;

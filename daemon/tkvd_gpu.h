@@ -17,11 +17,20 @@
 
 typedef struct tkvd_gpu tkvd_gpu;
 
-/* Opens device `ordinal` and allocates num_blocks L1 blocks of block_bytes in chunks whose
- * sizes are multiples of 2 MiB, each holding whole blocks (at most TKV_ATTACH_MAX_CHUNKS
- * chunks). Errors: TKV_EUNSUPPORTED (no CUDA or no device), TKV_ENOMEM (HBM short),
- * TKV_EINVAL. Logs why. */
-int tkvd_gpu_open(int ordinal, uint64_t num_blocks, size_t block_bytes, tkvd_gpu **out);
+/* The most L1 regions (the store's, tkv_store_l1_region_at: region 0 and one per tenant). */
+#define TKVD_GPU_MAX_REGIONS 128
+
+/* Opens device `ordinal` for L1 blocks of block_bytes (no memory yet: the store decides the
+ * regions, tkvd_gpu_alloc_l1). Errors: TKV_EUNSUPPORTED (no CUDA or no device), TKV_EINVAL.
+ * Logs why. */
+int tkvd_gpu_open(int ordinal, size_t block_bytes, tkvd_gpu **out);
+/* Allocates the L1 pool: one cudaMalloc allocation per region (its slots [first_slot[r],
+ * first_slot[r] + num_slots[r]), back to back from 0 as the store lays them out), of a 2 MiB
+ * multiple holding whole blocks; an empty region has none. Each is exported on its own, so a
+ * client that opens one region's handle reaches no other region's bytes. Once, before the
+ * first copy. TKV_ENOMEM (HBM short, nothing kept), TKV_EINVAL (a layout not back to back). */
+int tkvd_gpu_alloc_l1(tkvd_gpu *g, const uint64_t *first_slot, const uint64_t *num_slots,
+                      unsigned num_regions);
 /* Pins the L2 pool [l2_base, l2_base + l2_bytes) for DMA: its num_regions regions of
  * region_bytes[r] each (0 allowed; they add up to l2_bytes), back to back, one memfd mapping
  * each, are registered one by one, each in chunks of whole slots of slot_stride bytes (one
@@ -34,8 +43,14 @@ int tkvd_gpu_pin_l2(tkvd_gpu *g, void *l2_base, uint64_t l2_bytes, const uint64_
 void tkvd_gpu_close(tkvd_gpu *g);
 
 uint64_t tkvd_gpu_l1_blocks(const tkvd_gpu *g);
-/* The attach-socket message that lets a client map the L1 pool. */
-void tkvd_gpu_attach_info(const tkvd_gpu *g, tkv_attach_gpu *out);
+/* Regions after tkvd_gpu_alloc_l1 (0 before): region r's pool offset (what the store's
+ * offsets count from: subtract it to get an offset within the region) and its bytes (0 when
+ * empty). TKV_EINVAL for a bad r. */
+unsigned tkvd_gpu_num_regions(const tkvd_gpu *g);
+int tkvd_gpu_region(const tkvd_gpu *g, unsigned r, uint64_t *base, uint64_t *bytes);
+/* The attach-socket message that lets a client map region r of the L1 pool, and only it: one
+ * chunk, that region's handle and size. TKV_EINVAL (out zeroed) for an empty or bad region. */
+int tkvd_gpu_attach_info(const tkvd_gpu *g, unsigned r, tkv_attach_gpu *out);
 /* Host-to-device rate measured at open with one pinned copy (GB/s), for the cost check. */
 double tkvd_gpu_h2d_gbps(const tkvd_gpu *g);
 

@@ -35,6 +35,7 @@ typedef struct tkvd_service {
     tkvd_attach *attach;      /* NULL: no client_id is valid */
     tkvd_keycache *keycache;  /* NULL: every key derived */
     tkvd_rates rates;         /* for the cost check */
+    struct tkvd_gpu *gpu;     /* the L1 pool (its regions' offsets), or NULL */
     const char *version;
     atomic_bool stopping;     /* set on SIGTERM: Health says "stopping" */
     atomic_bool abort_waits;  /* set when the drain time is over: blocking waits give up */

@@ -35,13 +35,18 @@ typedef struct tkvd_tenant {
     uint8_t tokens[TKVD_TENANT_IDS_MAX][TKVD_TOKEN_HASH_BYTES]; /* SHA-256 of bearer tokens */
     size_t num_tokens;
     bool admin;         /* may list, flush, verify and evict every tenant's blocks */
-    bool map_pool;      /* a trusted engine: may map the L1 pool, one CUDA allocation holding
-                         * every tenant's L1 blocks (each tenant maps only its own L2 region) */
+    bool map_pool;      /* its engines are trusted with its L1 blocks: they may map its own L1
+                         * region (CUDA IPC maps read-write) and place blocks in L1 */
+    uint64_t quota_l1_blocks;       /* the size of its own L1 region (0 = an equal share of
+                                     * what the quotas leave) */
+    uint64_t guaranteed_l1_blocks;  /* accepted up to the region: the region is all its own */
     uint64_t quota_l2_blocks;       /* the size of its own L2 region (0 = an equal share of
                                      * what the quotas leave) */
     uint64_t guaranteed_l2_blocks;  /* accepted up to the region: the region is all its own */
     uint64_t quota_l3_blocks;       /* the most L3 blocks it may hold (0 = no limit) */
     uint64_t guaranteed_l3_blocks;  /* L3 blocks no other tenant's load evicts (0 = none) */
+    uint64_t quota_l4_blocks;       /* the most blocks it may put into L4 from this daemon
+                                     * (0 = no limit); no guarantee: the cluster evicts */
 } tkvd_tenant;
 
 /* The tenant id of its blocks in the store (tkv_store_put_as): index + 1, 0 = no tenant. */
@@ -96,6 +101,10 @@ int tkvd_tenants_finish(const tkvd_tenants *t, char *err, size_t err_len);
  * else an equal share of what the quotas leave of l2_blocks. TKV_EINVAL (said in err) when
  * the quotas exceed L2, a share is 0, or a guarantee exceeds its region. */
 int tkvd_tenants_l2_regions(const tkvd_tenants *t, uint64_t l2_blocks, uint64_t *regions,
+                            char *err, size_t err_len);
+/* The same for L1 (quota_l1_blocks, guaranteed_l1_blocks), where the daemon has a GPU tier
+ * of l1_blocks. */
+int tkvd_tenants_l1_regions(const tkvd_tenants *t, uint64_t l1_blocks, uint64_t *regions,
                             char *err, size_t err_len);
 
 /* True when tenants are configured (namespaces are then derived, never taken from requests). */

@@ -46,8 +46,11 @@
 #define L3_CTX_BUF_BUDGET (32u << 20)       /* bounce-buffer bytes per context */
 #define L3_MAX_TOKENS 65536u
 #define L3_MAX_STORED (1ull << 31)          /* io_uring lengths are 32-bit */
-#define L3_REC_VERSION 1
-#define L3_REC_HDR 108
+/* Record versions: 1 (108-byte header, no tenant) is still read; 2 adds the owner tag (u64 at
+ * 108) so recovered blocks belong to their tenant from the start. Only 2 is written. */
+#define L3_REC_VERSION 2
+#define L3_REC_HDR_V1 108
+#define L3_REC_HDR 116
 #define L3_META_MAGIC "TKVL3v01"
 #define L3_META_LEN (8 + TKV_KEY_BYTES)
 #define L3_KEY_LEN (1 + TKV_KEY_BYTES)
@@ -184,6 +187,8 @@ typedef struct l3_rec {
     uint64_t csum;
     tkv_key parent;
     uint32_t num_tokens;
+    uint64_t tenant_tag;   /* 0 in a version-1 record */
+    size_t hdr_len;        /* L3_REC_HDR_V1 or L3_REC_HDR (parsed records) */
     const uint8_t *tokens; /* into the value buffer it was parsed from */
 } l3_rec;
 
@@ -350,6 +355,7 @@ static uint8_t *rec_encode(const tkv_l3 *l3, const l3_rec *r, const uint32_t *to
     memcpy(v + 40, l3->o.fp, TKV_KEY_BYTES);
     memcpy(v + 72, r->parent.b, TKV_KEY_BYTES);
     put_u32(v + 104, r->num_tokens);
+    put_u64(v + 108, r->tenant_tag);
     for (uint32_t i = 0; i < r->num_tokens; i++)
         put_u32(v + L3_REC_HDR + 4ull * i, tokens[i]);
     *len = n;
@@ -359,7 +365,10 @@ static uint8_t *rec_encode(const tkv_l3 *l3, const l3_rec *r, const uint32_t *to
 /* Validates a record read from RocksDB: the index is outside input like any file. */
 static int rec_parse(const tkv_l3 *l3, const uint8_t *v, size_t n, l3_rec *r)
 {
-    if (n < L3_REC_HDR || v[0] != L3_REC_VERSION || v[1] > L3_CODEC_ZSTD)
+    if (n < L3_REC_HDR_V1 || (v[0] != 1 && v[0] != L3_REC_VERSION) || v[1] > L3_CODEC_ZSTD)
+        return TKV_ECORRUPT;
+    r->hdr_len = v[0] == 1 ? L3_REC_HDR_V1 : L3_REC_HDR;
+    if (n < r->hdr_len)
         return TKV_ECORRUPT;
     r->codec = v[1];
     r->seg = get_u32(v + 4);
@@ -369,8 +378,9 @@ static int rec_parse(const tkv_l3 *l3, const uint8_t *v, size_t n, l3_rec *r)
     r->csum = get_u64(v + 32);
     memcpy(r->parent.b, v + 72, TKV_KEY_BYTES);
     r->num_tokens = get_u32(v + 104);
-    r->tokens = v + L3_REC_HDR;
-    if (r->num_tokens > L3_MAX_TOKENS || n != L3_REC_HDR + 4ull * r->num_tokens)
+    r->tenant_tag = r->hdr_len == L3_REC_HDR ? get_u64(v + 108) : 0;
+    r->tokens = v + r->hdr_len;
+    if (r->num_tokens > L3_MAX_TOKENS || n != r->hdr_len + 4ull * r->num_tokens)
         return TKV_ECORRUPT;
     if (r->seg == 0 || r->stored_len == 0 || r->stored_len > L3_MAX_STORED ||
         r->raw_len > L3_MAX_STORED || r->off > (1ull << 62))
@@ -1237,7 +1247,8 @@ int tkv_l3_put_batch(tkv_l3 *l3, tkv_l3_put_req *reqs, size_t n)
         }
         l3_rec r = {.codec = it->codec, .seg = it->seg->id, .off = it->off,
                     .stored_len = it->stored_len, .raw_len = it->len, .csum = it->csum,
-                    .parent = reqs[i].parent, .num_tokens = reqs[i].num_tokens};
+                    .parent = reqs[i].parent, .num_tokens = reqs[i].num_tokens,
+                    .tenant_tag = reqs[i].tenant_tag};
         size_t vlen;
         uint8_t *v = rec_encode(l3, &r, reqs[i].tokens, &vlen);
         char k[L3_KEY_LEN];
@@ -1564,7 +1575,8 @@ static int scan_one(void *arg, const tkv_key *key, const uint8_t *v, size_t vlen
     if (prc != TKV_OK)
         return 0;
     tkv_l3_info info = {.key = *key, .parent = r->parent, .num_tokens = r->num_tokens,
-                        .raw_bytes = r->raw_len, .stored_bytes = r->stored_len};
+                        .raw_bytes = r->raw_len, .stored_bytes = r->stored_len,
+                        .tenant_tag = r->tenant_tag};
     return a->cb(a->arg, &info) ? 1 : 0;
 }
 
@@ -1780,7 +1792,7 @@ static int compact_chunk(tkv_l3 *l3, const victim_rec *vr, size_t n)
             rocksdb_free(v);
             continue;
         }
-        size_t vlen = L3_REC_HDR + 4ull * cur.num_tokens;
+        size_t vlen = cur.hdr_len + 4ull * cur.num_tokens; /* either version, kept as is */
         uint8_t *nv = tkv_xmalloc(vlen);
         memcpy(nv, v, vlen);
         rocksdb_free(v);

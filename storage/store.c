@@ -69,9 +69,11 @@ struct tkv_store_opts {
     const tkv_l1_ops *l1_ops;
     void *l1_ctx;
     tkv_l4 *l4;
-    uint64_t tq_max[TKV_NUM_TIERS][TKV_STORE_TENANTS_MAX];  /* L2 and L3 */
+    uint64_t tq_max[TKV_NUM_TIERS][TKV_STORE_TENANTS_MAX];  /* L1, L2 and L3 */
     uint64_t tq_guar[TKV_NUM_TIERS][TKV_STORE_TENANTS_MAX];
+    uint64_t l4_max[TKV_STORE_TENANTS_MAX];      /* blocks it may put into L4 (0 = no limit) */
     uint64_t l2_region[TKV_STORE_TENANTS_MAX];   /* own L2 region of the tenant (0 = none) */
+    uint64_t l1_region[TKV_STORE_TENANTS_MAX];   /* own L1 region of the tenant (0 = none) */
     char *tenant_name[TKV_STORE_TENANTS_MAX];    /* for the refusal log line */
 };
 
@@ -212,8 +214,6 @@ int tkv_store_opts_set_tenant_quota(tkv_store_opts *o, unsigned tenant, int tier
 {
     if (!o || tenant >= TKV_STORE_TENANTS_MAX || tier < TKV_TIER_L1 || tier >= TKV_NUM_TIERS)
         return TKV_EINVAL;
-    if (tier != TKV_TIER_L2 && tier != TKV_TIER_L3)
-        return TKV_EUNSUPPORTED;
     if (max_blocks && guaranteed_blocks > max_blocks)
         return TKV_EINVAL;
     o->tq_max[tier][tenant] = max_blocks;
@@ -226,6 +226,22 @@ int tkv_store_opts_set_l2_region(tkv_store_opts *o, unsigned tenant, uint64_t nu
     if (!o || tenant == 0 || tenant >= TKV_STORE_TENANTS_MAX || num_blocks > TKV_POOL_MAX_SLOTS)
         return TKV_EINVAL;
     o->l2_region[tenant] = num_blocks;
+    return TKV_OK;
+}
+
+int tkv_store_opts_set_l1_region(tkv_store_opts *o, unsigned tenant, uint64_t num_blocks)
+{
+    if (!o || tenant == 0 || tenant >= TKV_STORE_TENANTS_MAX || num_blocks > TKV_POOL_MAX_SLOTS)
+        return TKV_EINVAL;
+    o->l1_region[tenant] = num_blocks;
+    return TKV_OK;
+}
+
+int tkv_store_opts_set_tenant_l4_quota(tkv_store_opts *o, unsigned tenant, uint64_t max_blocks)
+{
+    if (!o || tenant >= TKV_STORE_TENANTS_MAX)
+        return TKV_EINVAL;
+    o->l4_max[tenant] = max_blocks;
     return TKV_OK;
 }
 
@@ -316,10 +332,18 @@ struct tkv_store {
     void *l2_ps[TKV_POOL_MAX_REGIONS];
     uint64_t wb_in_region[TKV_POOL_MAX_REGIONS]; /* its blocks queued for or in write-back:
                                                   * what a full region may wait for */
-    /* L1: slot accounting here, bytes behind the backend. Free slots are a stack. */
+    /* L1: slot accounting here, bytes behind the backend. Regions as in L2: region r is the
+     * slots [l1_first[r], l1_first[r] + l1_size[r]) (region 0 first, then the tenants' in
+     * tenant order), the backend keeps each in an allocation of its own, and each has a
+     * policy instance and a free stack (its slots of l1_free, from l1_first[r] up). */
     const tkv_l1_ops *l1_ops;
     void *l1_ctx;
-    uint64_t *l1_free, l1_nfree;
+    uint64_t *l1_free;
+    unsigned l1_num_regions;
+    uint8_t l1_region_of[TKV_STORE_TENANTS_MAX];
+    uint64_t l1_first[TKV_POOL_MAX_REGIONS], l1_size[TKV_POOL_MAX_REGIONS];
+    uint64_t l1_nfree[TKV_POOL_MAX_REGIONS];
+    void *l1_ps[TKV_POOL_MAX_REGIONS];
     tkv_l3 *l3;
     bool l3_readonly;
     tier tiers[TKV_NUM_TIERS];
@@ -362,7 +386,13 @@ struct tkv_store {
                                  * they count against its quota (puts copying, allocations,
                                  * promotions reading) */
         uint64_t reserved_l3;   /* its blocks in write-back that counted against L3 room */
+        uint64_t reserved_l1;   /* L1 slots taken for it, not yet entered (allocations,
+                                 * promotions copying) */
+        uint64_t l4_blocks;     /* blocks it put into L4 from this store (queued writes) */
+        uint64_t l4_max;        /* the most it may (0 = no limit) */
+        uint64_t tag;           /* kept in its L3 records: who owns a block after a restart */
         uint64_t refused, own_evictions, guarded_skips;
+        uint64_t refused_tier[TKV_NUM_TIERS + 1]; /* of refused, per tier (index 4 = L4) */
         uint64_t log_ns, log_held;  /* the refusal log line: last time, refusals held back */
         char *name;
     } tn[TKV_STORE_TENANTS_MAX];
@@ -372,7 +402,22 @@ struct tkv_store {
 /* mu held: the policy instance of tier t that holds (or would hold) blocks of tenant tn. */
 static void *pstate_of(const tkv_store *s, int t, unsigned tn)
 {
-    return t == TKV_TIER_L2 ? s->l2_ps[s->region_of[tn]] : s->tiers[t].pstate;
+    return t == TKV_TIER_L2   ? s->l2_ps[s->region_of[tn]]
+           : t == TKV_TIER_L1 ? s->l1_ps[s->l1_region_of[tn]]
+                              : s->tiers[t].pstate;
+}
+
+/* mu held: returns L1 slot `slot` to the free stack of the region it lies in (found by its
+ * number, not by a block's tenant: a slot always goes back where it came from). */
+static void l1_slot_free(tkv_store *s, uint64_t slot)
+{
+    unsigned r = 0;
+    while (r + 1 < s->l1_num_regions &&
+           (slot < s->l1_first[r] || slot - s->l1_first[r] >= s->l1_size[r]))
+        r++;
+    TKV_ASSERT(slot >= s->l1_first[r] && slot - s->l1_first[r] < s->l1_size[r]);
+    TKV_ASSERT(s->l1_nfree[r] < s->l1_size[r]);
+    s->l1_free[s->l1_first[r] + s->l1_nfree[r]++] = slot;
 }
 
 /* mu held: counts n refused blocks of tenant tn (tier t) and decides the refusal log line: at
@@ -381,12 +426,14 @@ static void *pstate_of(const tkv_store *s, int t, unsigned tn)
  * refusals since the previous line. */
 typedef struct refusal_line {
     uint64_t held, holds;  /* refusals held back since the last line; blocks held in the tier */
+    uint64_t limit;        /* its quota there, or its own region's size (0: none) */
 } refusal_line;
 
 static bool refusal_note(tkv_store *s, unsigned tn, int t, uint64_t n, refusal_line *out)
 {
     struct tenant_acct *a = &s->tn[tn];
     a->refused += n;
+    a->refused_tier[t] += n;
     if (tn == 0 || n == 0)
         return false;
     uint64_t now = tkv_now_ns();
@@ -396,7 +443,14 @@ static bool refusal_note(tkv_store *s, unsigned tn, int t, uint64_t n, refusal_l
     }
     a->log_ns = now;
     out->held = a->log_held;
-    out->holds = a->blocks[t];
+    out->holds = t < TKV_NUM_TIERS ? a->blocks[t] : a->l4_blocks;
+    out->limit = t < TKV_NUM_TIERS ? a->max[t] : a->l4_max;
+    uint64_t region = t == TKV_TIER_L2 && s->region_of[tn]
+                          ? tkv_pool_region_slots(s->pool, s->region_of[tn])
+                      : t == TKV_TIER_L1 && s->l1_region_of[tn] ? s->l1_size[s->l1_region_of[tn]]
+                                                                : 0;
+    if (region && (!out->limit || out->limit > region))
+        out->limit = region;
     a->log_held = 0;
     return true;
 }
@@ -411,7 +465,41 @@ static void refusal_log(const tkv_store *s, unsigned tn, int t, uint64_t n,
     TKV_LOG(TKV_LOG_WARN, "tenant %s: %llu L%d blocks refused (%s; holds %llu, quota %llu) "
             "(%llu more refused since the last line)", a->name ? a->name : id,
             (unsigned long long)n, t, why, (unsigned long long)l->holds,
-            (unsigned long long)a->max[t], (unsigned long long)l->held);
+            (unsigned long long)l->limit, (unsigned long long)l->held);
+}
+
+static void lock(tkv_store *s);
+static void unlock(tkv_store *s);
+
+/* No locks held: hands a block of tenant tn to L4, within the tenant's L4 quota. L4 is a
+ * cache the daemon does not see evict, so what is counted is the blocks this store queued for
+ * it (a block written or read here lately is not queued again, nor counted): past the quota
+ * the block is refused, counted and logged like a refusal in the other tiers. */
+static void l4_put_as(tkv_store *s, unsigned tn, const tkv_key *key, const tkv_key *parent,
+                      const uint32_t *tokens, uint32_t num_tokens, const void *payload,
+                      size_t len)
+{
+    struct tenant_acct *a = &s->tn[tn];
+    refusal_line line;
+    bool log_it = false, ok = true;
+    lock(s);
+    if (a->l4_max && a->l4_blocks >= a->l4_max) {
+        ok = false;
+        log_it = refusal_note(s, tn, TKV_NUM_TIERS, 1, &line);
+    } else {
+        a->l4_blocks++;
+    }
+    unlock(s);
+    if (!ok) {
+        if (log_it)
+            refusal_log(s, tn, TKV_NUM_TIERS, 1, &line, "at its L4 quota");
+        return;
+    }
+    if (tkv_l4_put_async(s->l4, key, parent, tokens, num_tokens, payload, len) != TKV_OK) {
+        lock(s);
+        a->l4_blocks--; /* not queued: already there, over budget, or L4 down */
+        unlock(s);
+    }
 }
 
 static void rd_lock(tkv_store *s) { pthread_rwlock_rdlock(&s->idx_lock); }
@@ -549,7 +637,7 @@ static void tier_leave(tkv_store *s, tkv_entry *e, int t)
         tkv_pool_free(s->pool, e->l2_slot);
         e->l2_slot = UINT64_MAX;
     } else if (t == TKV_TIER_L1) {
-        s->l1_free[s->l1_nfree++] = e->l1_slot;
+        l1_slot_free(s, e->l1_slot);
         e->l1_slot = UINT64_MAX;
     }
 }
@@ -609,36 +697,48 @@ static tkv_block_loc entry_loc(const tkv_store *s, const tkv_entry *e)
     return loc;
 }
 
-/* idx_lock (write) + mu held: takes up to `want` free L1 slots, evicting unpinned L1 victims
- * (tails first). An L1 block leaves at once: it has a copy below (commit and promotion put
- * one there), or, where L2 had no room for it, it is simply dropped like any cache line.
- * *got = slots taken; TKV_OK when all were taken, else TKV_EFULL. */
-static int l1_reserve(tkv_store *s, size_t want, uint64_t *slots, size_t *got)
+/* ============================================================================================
+ * L1 and L2 room (idx_lock write + mu held)
+ * ========================================================================================== */
+
+enum { RESERVE_WAIT = 1 };
+
+static tkv_entry *tier_victim(tkv_store *s, int t, unsigned tn, bool own_only, bool tails_only);
+
+/* Takes up to `want` free L1 slots of tenant tn's region, evicting unpinned victims there
+ * (the policy's order; with limits as in l2_reserve: at its quota only its own blocks, never
+ * another's below its guaranteed share). held: slots this call already took for tn. An L1
+ * block leaves at once: it has a copy below (commit and promotion put one there), or, where
+ * L2 had no room for it, it is simply dropped like any cache line. *got = slots taken; TKV_OK
+ * when all were taken, else TKV_EFULL. */
+static int l1_reserve(tkv_store *s, unsigned tn, size_t held, size_t want, uint64_t *slots,
+                      size_t *got)
 {
-    tier *T = &s->tiers[TKV_TIER_L1];
+    struct tenant_acct *ta = &s->tn[tn];
+    unsigned r = s->l1_region_of[tn];
     *got = 0;
     while (*got < want) {
-        if (s->l1_nfree) {
-            slots[(*got)++] = s->l1_free[--s->l1_nfree];
+        bool at_quota = false;
+        if (ta->max[TKV_TIER_L1]) {
+            uint64_t mine = ta->blocks[TKV_TIER_L1] + ta->reserved_l1 + held + *got;
+            at_quota = mine >= ta->max[TKV_TIER_L1];
+        }
+        if (!at_quota && s->l1_nfree[r]) {
+            slots[(*got)++] = s->l1_free[s->l1_first[r] + --s->l1_nfree[r]];
             continue;
         }
-        tkv_policy_entry *v = T->ops->victim(T->pstate);
-        if (!v)
+        tkv_entry *e = tier_victim(s, TKV_TIER_L1, tn, at_quota, false);
+        if (!e)
             return TKV_EFULL;
-        tkv_entry *e = entry_of_pe(v, TKV_TIER_L1);
         TKV_ASSERT(e->pins == 0 && (e->resident & RES(TKV_TIER_L1)));
+        if (e->tenant == tn && (ta->max[TKV_TIER_L1] || r))
+            ta->own_evictions++;
         tier_leave(s, e, TKV_TIER_L1);
         s->st.evictions++;
         entry_drop_if_gone(s, e);
     }
     return TKV_OK;
 }
-
-/* ============================================================================================
- * L2 room (idx_lock write + mu held)
- * ========================================================================================== */
-
-enum { RESERVE_WAIT = 1 };
 
 /* mu held: may room in tier t for tenant tn be made by evicting e? Not when e belongs to
  * another tenant that holds no more than its guaranteed share there. */
@@ -774,7 +874,7 @@ static int reserve_slots(tkv_store *s, int t, unsigned tn, size_t want, bool tai
         if (s->closing)
             return TKV_ECLOSED;
         size_t more = 0;
-        int rc = t == TKV_TIER_L1 ? l1_reserve(s, want - *got, slots + *got, &more)
+        int rc = t == TKV_TIER_L1 ? l1_reserve(s, tn, *got, want - *got, slots + *got, &more)
                                   : l2_reserve(s, tn, *got, want - *got, tails_only,
                                                slots + *got, &more);
         *got += more;
@@ -805,8 +905,31 @@ static void alloc_free(tkv_store *s, alloc_rec *a, size_t from);
 
 typedef struct load_ctx {
     tkv_store *s;
-    uint64_t loaded, skipped;
+    uint64_t loaded, skipped, unowned;
 } load_ctx;
+
+/* The tag a tenant's blocks carry in their L3 records. From its name where it has one, so a
+ * block stays its own when the tenants are reordered or others are added; else from its id.
+ * Never 0 (no tenant) for tenants 1..; tenant 0 is 0. */
+static uint64_t tenant_tag_of(unsigned tn, const char *name)
+{
+    if (tn == 0)
+        return 0;
+    if (!name)
+        return tn;
+    uint64_t h = tkv_csum64(name, strlen(name)) ^ 0x74656e616e74ull; /* "tenant" */
+    return h < TKV_STORE_TENANTS_MAX ? h + TKV_STORE_TENANTS_MAX : h; /* never an id's tag */
+}
+
+/* The tenant whose tag an L3 record carries; 0 for none or a tenant this store no longer
+ * knows (then only the chain of that name's salt can reach the block, as before tags). */
+static unsigned tenant_of_tag(const tkv_store *s, uint64_t tag)
+{
+    for (unsigned i = 1; tag && i < TKV_STORE_TENANTS_MAX; i++)
+        if (s->tn[i].tag == tag)
+            return i;
+    return 0;
+}
 
 static int load_one(void *arg, const tkv_l3_info *info)
 {
@@ -818,6 +941,9 @@ static int load_one(void *arg, const tkv_l3_info *info)
     }
     tkv_entry *e = tkv_entry_new(&info->key, &info->parent, 0);
     e->state = TKV_BLOCK_READY;
+    e->tenant = (uint8_t)tenant_of_tag(s, info->tenant_tag);
+    if (info->tenant_tag && !e->tenant)
+        lc->unowned++;
     if (tkv_index_insert(s->ix, e) != TKV_OK) {
         tkv_entry_free(e);
         lc->skipped++;
@@ -897,6 +1023,9 @@ static int open_l3(tkv_store *s, const tkv_store_opts *o)
     if (lc.skipped)
         TKV_LOG(TKV_LOG_WARN, "L3: %llu records of another block size ignored",
                 (unsigned long long)lc.skipped);
+    if (lc.unowned)
+        TKV_LOG(TKV_LOG_WARN, "L3: %llu blocks of a tenant this store does not know; they "
+                "belong to no tenant", (unsigned long long)lc.unowned);
     TKV_LOG(TKV_LOG_INFO, "L3 %s: %llu blocks loaded%s", o->l3_dir,
             (unsigned long long)lc.loaded, s->l3_readonly ? " (read-only)" : "");
 out:
@@ -971,20 +1100,43 @@ int tkv_store_open(const tkv_store_opts *o, tkv_store **out)
         goto fail;
 
     /* Tiers are indexed by TKV_TIER_*; L1 is there when a backend was given. */
+    uint64_t l1_own = 0;
+    s->l1_num_regions = 1;
     if (o->l1_ops) {
+        for (unsigned i = 1; i < TKV_STORE_TENANTS_MAX; i++) {
+            if (!o->l1_region[i])
+                continue;
+            s->l1_region_of[i] = (uint8_t)s->l1_num_regions;
+            s->l1_size[s->l1_num_regions++] = o->l1_region[i];
+            l1_own += o->l1_region[i];
+        }
+        if (l1_own > o->l1_blocks) {
+            TKV_LOG(TKV_LOG_ERROR, "the tenants' L1 regions (%llu blocks) exceed L1 (%llu blocks)",
+                    (unsigned long long)l1_own, (unsigned long long)o->l1_blocks);
+            rc = TKV_EINVAL;
+            goto fail;
+        }
+        s->l1_size[0] = o->l1_blocks - l1_own;
         s->l1_ops = o->l1_ops;
         s->l1_ctx = o->l1_ctx;
         s->l1_free = tkv_xmalloc(o->l1_blocks * sizeof(uint64_t));
-        for (uint64_t i = 0; i < o->l1_blocks; i++)
-            s->l1_free[i] = o->l1_blocks - 1 - i; /* slot 0 on top: low offsets first */
-        s->l1_nfree = o->l1_blocks;
+        uint64_t first = 0;
+        for (unsigned r = 0; r < s->l1_num_regions; r++) {
+            s->l1_first[r] = first;
+            for (uint64_t i = 0; i < s->l1_size[r]; i++) /* lowest slot on top: low offsets first */
+                s->l1_free[first + i] = first + s->l1_size[r] - 1 - i;
+            s->l1_nfree[r] = s->l1_size[r];
+            first += s->l1_size[r];
+        }
         s->tiers[TKV_TIER_L1].enabled = true;
         s->tiers[TKV_TIER_L1].capacity_blocks = o->l1_blocks;
     }
     s->tiers[TKV_TIER_L2].enabled = true;
     s->tiers[TKV_TIER_L2].capacity_blocks = o->l2_blocks;
     for (unsigned i = 0; i < TKV_STORE_TENANTS_MAX; i++) {
-        for (int t = TKV_TIER_L2; t <= TKV_TIER_L3; t++) {
+        s->tn[i].l4_max = o->l4_max[i];
+        s->tn[i].tag = tenant_tag_of(i, o->tenant_name[i]);
+        for (int t = TKV_TIER_L1; t <= TKV_TIER_L3; t++) {
             s->tn[i].max[t] = o->tq_max[t][i];
             s->tn[i].guar[t] = o->tq_guar[t][i];
             if (o->tq_max[t][i] || o->tq_guar[t][i])
@@ -1002,9 +1154,11 @@ int tkv_store_open(const tkv_store_opts *o, tkv_store **out)
     for (int t = TKV_TIER_L1; t < TKV_NUM_TIERS; t++) {
         tier *T = &s->tiers[t];
         T->ops = ops;
-        for (unsigned r = 0; r < (t == TKV_TIER_L2 ? s->num_regions : 1); r++) {
-            uint64_t cap = t == TKV_TIER_L2 && s->num_regions > 1 ? region_slots[r]
-                                                                  : T->capacity_blocks;
+        unsigned nr = t == TKV_TIER_L2 ? s->num_regions : t == TKV_TIER_L1 ? s->l1_num_regions : 1;
+        for (unsigned r = 0; r < nr; r++) {
+            uint64_t cap = t == TKV_TIER_L2 && s->num_regions > 1      ? region_slots[r]
+                           : t == TKV_TIER_L1 && s->l1_num_regions > 1 ? s->l1_size[r]
+                                                                       : T->capacity_blocks;
             void *ps = ops->create(cap ? cap : 1);
             if (!ps) {
                 TKV_LOG(TKV_LOG_ERROR, "policy %s refused tier %d", ops->name, t);
@@ -1013,6 +1167,8 @@ int tkv_store_open(const tkv_store_opts *o, tkv_store **out)
             }
             if (t == TKV_TIER_L2)
                 s->l2_ps[r] = ps;
+            if (t == TKV_TIER_L1)
+                s->l1_ps[r] = ps;
             if (r == 0)
                 T->pstate = ps;
         }
@@ -1091,8 +1247,11 @@ void tkv_store_close(tkv_store *s)
     tkv_lease_table_free(s->leases);
     tkv_index_free(s->ix);
     for (int t = TKV_TIER_L1; t < TKV_NUM_TIERS; t++)
-        if (s->tiers[t].pstate && t != TKV_TIER_L2)
+        if (s->tiers[t].pstate && t != TKV_TIER_L2 && t != TKV_TIER_L1)
             s->tiers[t].ops->destroy(s->tiers[t].pstate);
+    for (unsigned r = 0; r < TKV_POOL_MAX_REGIONS; r++)
+        if (s->l1_ps[r])
+            s->tiers[TKV_TIER_L1].ops->destroy(s->l1_ps[r]);
     for (unsigned r = 0; r < TKV_POOL_MAX_REGIONS; r++)
         if (s->l2_ps[r])
             s->tiers[TKV_TIER_L2].ops->destroy(s->l2_ps[r]);
@@ -1215,7 +1374,8 @@ static bool visible_to(const tkv_entry *e, unsigned tn)
 static void entry_adopt(tkv_store *s, tkv_entry *e, unsigned tn)
 {
     if (tn == 0 || e->tenant != 0 || (e->flags & (F_WB | F_PROMOTING)) ||
-        ((e->resident & RES(TKV_TIER_L2)) && s->region_of[0] != s->region_of[tn]))
+        ((e->resident & RES(TKV_TIER_L2)) && s->region_of[0] != s->region_of[tn]) ||
+        ((e->resident & RES(TKV_TIER_L1)) && s->l1_region_of[0] != s->l1_region_of[tn]))
         return;
     for (int t = TKV_TIER_L1; t < TKV_NUM_TIERS; t++)
         if (e->resident & RES(t)) {
@@ -1425,7 +1585,7 @@ static void release_if_owner(void *arg, tkv_lease *l)
 static void slot_free(tkv_store *s, int t, uint64_t slot)
 {
     if (t == TKV_TIER_L1)
-        s->l1_free[s->l1_nfree++] = slot;
+        l1_slot_free(s, slot);
     else
         tkv_pool_free(s->pool, slot);
 }
@@ -1434,6 +1594,8 @@ static void alloc_free(tkv_store *s, alloc_rec *a, size_t from)
 {
     if (a->tier == TKV_TIER_L2)
         s->tn[a->tenant].reserved_l2 -= a->n;
+    else
+        s->tn[a->tenant].reserved_l1 -= a->n;
     for (size_t i = from; i < a->n; i++)
         slot_free(s, a->tier, a->slots[i]);
     free(a->slots);
@@ -1633,9 +1795,9 @@ static int put_chunk(tkv_store *s, unsigned tn, const tkv_key *parent, bool pare
         refusal_log(s, tn, TKV_TIER_L2, no_room, &line, "put found no room");
     for (size_t j = 0; j < m; j++)
         if (l4_now[j])
-            tkv_l4_put_async(s->l4, &keys[idx[j]], idx[j] ? &keys[idx[j] - 1] : first_pk,
-                             tokens + idx[j] * (size_t)s->block_tokens, s->block_tokens,
-                             payloads[idx[j]], s->block_bytes);
+            l4_put_as(s, tn, &keys[idx[j]], idx[j] ? &keys[idx[j] - 1] : first_pk,
+                      tokens + idx[j] * (size_t)s->block_tokens, s->block_tokens,
+                      payloads[idx[j]], s->block_bytes);
     return rc;
 unlock_out:
     unlock(s);
@@ -1721,7 +1883,7 @@ int tkv_store_alloc_as(tkv_store *s, unsigned tenant, int tier_id, size_t n, uin
     if (tier_id != TKV_TIER_L1 && tier_id != TKV_TIER_L2)
         return TKV_EINVAL;
     if (n > (tier_id == TKV_TIER_L2 ? tkv_pool_region_slots(s->pool, s->region_of[tenant])
-                                    : s->tiers[tier_id].capacity_blocks))
+                                    : s->l1_size[s->l1_region_of[tenant]]))
         return TKV_EFULL;
     uint64_t *slots = tkv_xmalloc(n * sizeof(*slots));
     size_t got = 0;
@@ -1737,6 +1899,8 @@ int tkv_store_alloc_as(tkv_store *s, unsigned tenant, int tier_id, size_t n, uin
         a->tenant = tenant;
         if (tier_id == TKV_TIER_L2) /* until commit or abort */
             s->tn[tenant].reserved_l2 += n;
+        else
+            s->tn[tenant].reserved_l1 += n;
         a->tier = tier_id;
         a->n = n;
         a->slots = slots;
@@ -2216,6 +2380,7 @@ static int run_l1_promotion(tkv_store *s, prefetch_job *j, int status)
     void **ptrs = tkv_xmalloc((n ? n : 1) * sizeof(void *));
     uint8_t *bad = tkv_xcalloc(n ? n : 1, 1);
     tkv_entry **ents = tkv_xmalloc((n ? n : 1) * sizeof(tkv_entry *));
+    uint8_t *tns = tkv_xmalloc(n ? n : 1); /* whose quota each slot counts against */
 
     unlock(s);
     wr_lock(s);
@@ -2231,8 +2396,29 @@ static int run_l1_promotion(tkv_store *s, prefetch_job *j, int status)
         }
         ents[k++] = e;
     }
-    if (k && l1_reserve(s, k, l1slots, &got) != TKV_OK && status == TKV_OK)
-        status = TKV_EFULL;
+    /* Each block into its tenant's region and under its quota (a lease holds one tenant's
+     * blocks, and those of none); the slots count against the quota while the copy runs. */
+    refusal_line line;
+    bool log_it = false;
+    unsigned log_tn = 0;
+    size_t log_n = 0;
+    for (size_t i = 0; i < k; i++) {
+        unsigned tn = ents[i]->tenant;
+        size_t one = 0;
+        if (l1_reserve(s, tn, 0, 1, l1slots + got, &one) != TKV_OK) {
+            if (status == TKV_OK)
+                status = TKV_EFULL;
+            if (refusal_note(s, tn, TKV_TIER_L1, 1, &line) && !log_it) {
+                log_it = true;
+                log_tn = tn;
+                log_n = 1;
+            }
+            continue;
+        }
+        s->tn[tn].reserved_l1++;
+        tns[got] = (uint8_t)tn;
+        ents[got++] = ents[i];
+    }
     for (size_t i = 0; i < got; i++) {
         l2offs[i] = slot_offset(s, ents[i]->l2_slot);
         ptrs[i] = slot_ptr(s, ents[i]->l2_slot);
@@ -2241,6 +2427,8 @@ static int run_l1_promotion(tkv_store *s, prefetch_job *j, int status)
     }
     unlock(s);
     idx_unlock(s);
+    if (log_it)
+        refusal_log(s, log_tn, TKV_TIER_L1, log_n, &line, "promotion found no room");
 
     int rc = TKV_OK;
     if (got) {
@@ -2259,6 +2447,7 @@ static int run_l1_promotion(tkv_store *s, prefetch_job *j, int status)
     uint64_t now = tkv_now_ns();
     for (size_t i = 0; i < got; i++) {
         tkv_entry *e = ents[i];
+        s->tn[tns[i]].reserved_l1--;
         int st = rc != TKV_OK ? TKV_EIO : (e->flags & F_CSUM) && bad[i] ? TKV_ECHECKSUM : TKV_OK;
         if (st == TKV_OK && !(e->resident & RES(TKV_TIER_L1))) {
             e->l1_slot = l1slots[i];
@@ -2289,6 +2478,7 @@ static int run_l1_promotion(tkv_store *s, prefetch_job *j, int status)
     free(ptrs);
     free(bad);
     free(ents);
+    free(tns);
     return status;
 }
 
@@ -2570,6 +2760,7 @@ static bool wb_run_batch(tkv_store *s, bool worker)
         r->len = s->block_bytes;
         r->tokens = e->tokens;
         r->num_tokens = e->num_tokens;
+        r->tenant_tag = s->tn[e->tenant].tag; /* F_WB: no adoption changes it meanwhile */
         map[nreq++] = i;
     }
     if (nreq) {
@@ -2580,8 +2771,8 @@ static bool wb_run_batch(tkv_store *s, bool worker)
     /* Down to the shared tier as well, from the same pinned, checked L2 copies. */
     for (size_t r = 0; s->l4 && r < nreq; r++)
         if (status[map[r]] == TKV_OK)
-            tkv_l4_put_async(s->l4, &reqs[r].key, &reqs[r].parent, reqs[r].tokens,
-                             reqs[r].num_tokens, reqs[r].payload, reqs[r].len);
+            l4_put_as(s, batch[map[r]]->tenant, &reqs[r].key, &reqs[r].parent, reqs[r].tokens,
+                      reqs[r].num_tokens, reqs[r].payload, reqs[r].len);
 
     wr_lock(s);
     lock(s);
@@ -3132,9 +3323,19 @@ int tkv_store_get_tenant_stats(tkv_store *s, unsigned tenant, tkv_store_tenant_s
     const struct tenant_acct *a = &s->tn[tenant];
     for (int t = 0; t < TKV_NUM_TIERS; t++)
         out->blocks_tier[t] = a->blocks[t];
-    for (int t = TKV_TIER_L2; t <= TKV_TIER_L3; t++) {
+    for (int t = TKV_TIER_L1; t <= TKV_TIER_L3; t++) {
         out->max_blocks_tier[t] = a->max[t];
         out->guaranteed_blocks_tier[t] = a->guar[t];
+        out->refused_blocks_tier[t] = a->refused_tier[t];
+    }
+    out->l4_blocks = a->l4_blocks;
+    out->max_l4_blocks = a->l4_max;
+    out->refused_l4_blocks = a->refused_tier[TKV_NUM_TIERS];
+    if (s->l1_region_of[tenant]) { /* the same for its own L1 region */
+        uint64_t n = s->l1_size[s->l1_region_of[tenant]];
+        out->guaranteed_blocks_tier[TKV_TIER_L1] = n;
+        if (!a->max[TKV_TIER_L1] || a->max[TKV_TIER_L1] > n)
+            out->max_blocks_tier[TKV_TIER_L1] = n;
     }
     if (s->region_of[tenant]) { /* its own region: all of it is its, nobody else's */
         uint64_t n = tkv_pool_region_slots(s->pool, s->region_of[tenant]);
@@ -3146,6 +3347,31 @@ int tkv_store_get_tenant_stats(tkv_store *s, unsigned tenant, tkv_store_tenant_s
     out->own_evictions = a->own_evictions;
     out->guarded_skips = a->guarded_skips;
     unlock(s);
+    return TKV_OK;
+}
+
+unsigned tkv_store_l1_num_regions(const tkv_store *s)
+{
+    return s && s->l1_ops ? s->l1_num_regions : 0;
+}
+
+int tkv_store_l1_region_at(const tkv_store *s, unsigned r, uint64_t *first_slot,
+                           uint64_t *num_slots)
+{
+    if (!s || !s->l1_ops || r >= s->l1_num_regions)
+        return TKV_EINVAL;
+    if (first_slot)
+        *first_slot = s->l1_first[r];
+    if (num_slots)
+        *num_slots = s->l1_size[r];
+    return TKV_OK;
+}
+
+int tkv_store_l1_region(const tkv_store *s, unsigned tenant, unsigned *region)
+{
+    if (!s || !s->l1_ops || tenant >= TKV_STORE_TENANTS_MAX || !region)
+        return TKV_EINVAL;
+    *region = s->l1_region_of[tenant];
     return TKV_OK;
 }
 

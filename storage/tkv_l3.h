@@ -58,6 +58,7 @@ typedef struct tkv_l3_put_req {
     size_t len;
     const uint32_t *tokens;    /* the block's tokens (stored in the index record) */
     uint32_t num_tokens;
+    uint64_t tenant_tag;       /* the owner's tag, kept in the record (0 = none) */
     int status;                /* out: TKV_OK, TKV_EEXIST (already stored; not an error), ... */
 } tkv_l3_put_req;
 
@@ -86,6 +87,7 @@ typedef struct tkv_l3_info {
     uint32_t num_tokens;
     uint64_t raw_bytes;
     uint64_t stored_bytes;
+    uint64_t tenant_tag;       /* as put; 0 for none and for records of format version 1 */
 } tkv_l3_info;
 
 /* Calls cb for every indexed block (in key order); stops early when cb returns nonzero. */

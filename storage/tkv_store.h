@@ -60,15 +60,18 @@ int tkv_store_opts_set_lease_ttl_ms(tkv_store_opts *o, uint32_t dflt, uint32_t m
  *                     that do not fit are refused (rejected, as for a full tier);
  *   guaranteed_blocks a share no other tenant's load evicts (0 = none): while the tenant holds
  *                     no more than this, room for others is made from other blocks.
- * TKV_TIER_L2 and TKV_TIER_L3 take limits (TKV_EUNSUPPORTED for others). In L2 they act on
- * put, alloc, promotion and L4 fills (all reserve slots for the block's tenant); in L3 on
- * write-back, where a block that finds no room is not written (it stays an L2 block and a
- * demotion drops it) and counts as refused. The victim search skips at most
+ * Every tier takes limits. In L1 they act on alloc and promotion to L1; in L2 on put, alloc,
+ * promotion and L4 fills (all reserve slots for the block's tenant); in L3 on write-back,
+ * where a block that finds no room is not written (it stays an L2 block and a demotion drops
+ * it) and counts as refused. The victim search skips at most
  * TKV_TENANT_SKIP_MAX blocks of other tenants per slot (O(1) per block), then gives up for
- * that slot as if every block were pinned. Blocks loaded from L3 at open have tenant 0 (the
- * L3 record keeps none) until a tenant's lookup reaches them (tkv_store_lookup_as): only that
- * tenant's chain can, so they become its. Refusals of a tenant other than 0 are logged, at
- * most one line a second per tenant with the number held back. */
+ * that slot as if every block were pinned. A block's L3 record keeps its tenant's tag (from
+ * its name, tkv_store_opts_set_tenant_name, else its id), so blocks loaded from L3 at open
+ * are their tenant's again and count against its quotas from the start; blocks of records
+ * without a tag (an older format) or of a tenant the store no longer knows have tenant 0
+ * until a tenant's lookup reaches them (tkv_store_lookup_as): only that tenant's chain can,
+ * so they become its. Refusals of a tenant other than 0 are logged, at most one line a
+ * second per tenant with the number held back. */
 #define TKV_STORE_TENANTS_MAX 128
 #define TKV_TENANT_SKIP_MAX 256
 int tkv_store_opts_set_tenant_quota(tkv_store_opts *o, unsigned tenant, int tier,
@@ -79,6 +82,16 @@ int tkv_store_opts_set_tenant_quota(tkv_store_opts *o, unsigned tenant, int tier
  * what the regions leave of the L2 size (tkv_store_open fails with TKV_EINVAL when they
  * exceed it) and holds tenant 0's blocks and those of tenants without a region. */
 int tkv_store_opts_set_l2_region(tkv_store_opts *o, unsigned tenant, uint64_t num_blocks);
+/* The same for L1 (where an L1 tier is set): tenant gets num_blocks L1 slots of its own, a
+ * contiguous run of slot numbers (tkv_store_l1_region_at) that a backend keeps in an
+ * allocation of its own, with its own policy instance; region 0 gets what the regions leave.
+ * tkv_store_open fails with TKV_EINVAL when they exceed the L1 size. */
+int tkv_store_opts_set_l1_region(tkv_store_opts *o, unsigned tenant, uint64_t num_blocks);
+/* The most blocks tenant may hand to L4 from this store (0 = no limit, the default). L4 does
+ * not tell the store what the cluster evicts, so the count is of blocks this store queued for
+ * L4 since it opened (not again a block written or read here lately); past it a block is not
+ * written to L4 and counts as refused (tkv_store_tenant_stats.refused_l4_blocks). */
+int tkv_store_opts_set_tenant_l4_quota(tkv_store_opts *o, unsigned tenant, uint64_t max_blocks);
 /* The name the refusal log line gives the tenant (default "#<id>"). Copied. */
 int tkv_store_opts_set_tenant_name(tkv_store_opts *o, unsigned tenant, const char *name);
 
@@ -100,6 +113,15 @@ typedef struct tkv_l1_ops {
 /* Attaches an L1 tier of num_blocks slots served by ops/ctx (both must outlive the store). */
 int tkv_store_opts_set_l1(tkv_store_opts *o, uint64_t num_blocks, const tkv_l1_ops *ops,
                           void *ctx);
+/* L1 regions (tkv_store_opts_set_l1_region), for the backend that keeps each in an
+ * allocation of its own: their number (0 without L1), region r's slots [*first_slot,
+ * *first_slot + *num_slots) (region 0 first, then the tenants' in tenant order; a region may
+ * be empty), and the region a tenant's blocks live in. TKV_EINVAL without L1 or for a bad
+ * index. */
+unsigned tkv_store_l1_num_regions(const tkv_store *s);
+int tkv_store_l1_region_at(const tkv_store *s, unsigned r, uint64_t *first_slot,
+                           uint64_t *num_slots);
+int tkv_store_l1_region(const tkv_store *s, unsigned tenant, unsigned *region);
 
 /* ---- the shared tier (L4) ----------------------------------------------------------------
  * Attaches a Redis Cluster tier (tkv_l4.h; the caller owns it and it must outlive the store).
@@ -221,8 +243,8 @@ int tkv_store_alloc(tkv_store *s, size_t n, uint64_t owner, uint64_t *alloc_id,
  * L2. TKV_EUNSUPPORTED when the store has no such tier. */
 int tkv_store_alloc_tier(tkv_store *s, int tier, size_t n, uint64_t owner, uint64_t *alloc_id,
                          uint64_t *offsets);
-/* The same for tenant `tenant`: the L2 slots are reserved under its quota and the committed
- * blocks are its. */
+/* The same for tenant `tenant`: the slots are reserved in its region of the tier and under
+ * its quota there, and the committed blocks are its. */
 int tkv_store_alloc_as(tkv_store *s, unsigned tenant, int tier, size_t n, uint64_t owner,
                        uint64_t *alloc_id, uint64_t *offsets);
 /* Writes src (block_bytes) into slot `index` of an allocation (for clients that cannot write
@@ -287,6 +309,11 @@ typedef struct tkv_store_tenant_stats {
                                  * quota (or beside others' guaranteed shares) */
     uint64_t own_evictions;     /* own blocks evicted to stay within the quota or region */
     uint64_t guarded_skips;     /* times a block of this tenant was spared by its guarantee */
+    uint64_t refused_blocks_tier[TKV_NUM_TIERS]; /* refused_blocks by tier (L1..L3) */
+    uint64_t l4_blocks;         /* blocks it handed to L4 from this store (see the L4 quota) */
+    uint64_t max_l4_blocks;     /* its L4 quota (0 = none) */
+    uint64_t refused_l4_blocks; /* blocks not handed to L4 for the quota (also in
+                                 * refused_blocks) */
 } tkv_store_tenant_stats;
 /* TKV_EINVAL for a tenant >= TKV_STORE_TENANTS_MAX. */
 int tkv_store_get_tenant_stats(tkv_store *s, unsigned tenant, tkv_store_tenant_stats *out);

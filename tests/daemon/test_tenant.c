@@ -41,6 +41,11 @@ START_TEST(parses_and_maps_peers)
     ck_assert_int_eq(set(&c, "tenant.a.quota_l3_blocks", "400", err), TKV_OK);
     ck_assert_int_eq(set(&c, "tenant.a.guaranteed_l3_blocks", "80", err), TKV_OK);
     ck_assert(a->quota_l3_blocks == 400 && a->guaranteed_l3_blocks == 80);
+    ck_assert_int_eq(set(&c, "tenant.a.quota_l1_blocks", "16", err), TKV_OK);
+    ck_assert_int_eq(set(&c, "tenant.a.guaranteed_l1_blocks", "4", err), TKV_OK);
+    ck_assert_int_eq(set(&c, "tenant.a.quota_l4_blocks", "5000", err), TKV_OK);
+    ck_assert(a->quota_l1_blocks == 16 && a->guaranteed_l1_blocks == 4 &&
+              a->quota_l4_blocks == 5000);
     ck_assert_uint_eq(tkvd_tenant_store_id(a), a->index + 1);
     /* L2 regions: a's quota, the others an equal share of the rest */
     uint64_t regions[3];
@@ -50,6 +55,13 @@ START_TEST(parses_and_maps_peers)
     ck_assert_uint_eq(regions[ops->index], 30);
     ck_assert_int_eq(tkvd_tenants_l2_regions(t, 41, regions, err, sizeof(err)), TKV_EINVAL);
     ck_assert(strstr(err, "no L2 left for its region"));
+    /* L1 regions the same way, from quota_l1_blocks */
+    ck_assert_int_eq(tkvd_tenants_l1_regions(t, 36, regions, err, sizeof(err)), TKV_OK);
+    ck_assert_uint_eq(regions[a->index], 16);
+    ck_assert_uint_eq(regions[b->index], 10);
+    ck_assert_uint_eq(regions[ops->index], 10);
+    ck_assert_int_eq(tkvd_tenants_l1_regions(t, 15, regions, err, sizeof(err)), TKV_EINVAL);
+    ck_assert_msg(strstr(err, "quota_l1_blocks add up to 16 blocks, more than L1"), "%s", err);
 
     tkvd_identity p = {.has_ucred = true, .uid = 1001, .gid = 7};
     ck_assert_ptr_eq(tkvd_tenant_of_peer(t, &p), a);
@@ -96,6 +108,11 @@ START_TEST(refuses_bad_lines)
         {"tenant.a.quota_l2_blocks", "12x", "not a block count"},
         {"tenant.a.guaranteed_l2_blocks", "", "not a block count"},
         {"tenant.a.guaranteed_l2_blocks", "1099511627777", "not a block count"},
+        {"tenant.a.quota_l1_blocks", "x", "not a block count"},
+        {"tenant.a.guaranteed_l1_blocks", "-3", "not a block count"},
+        {"tenant.a.quota_l4_blocks", "1099511627777", "not a block count"},
+        {"tenant.a.guaranteed_l4_blocks", "1", "unknown tenant field"},
+        {"tenant.a.quota_l5_blocks", "1", "unknown tenant field"},
         {"tenant.a b.uid", "1", "tenant name"},
         {"tenant..uid", "1", "tenant.<name>.<field>"},
         {"tenant.uid", "1", "tenant.<name>.<field>"},
@@ -131,6 +148,11 @@ START_TEST(table_checks)
         {"tenant.a.uid", "5", "tenant.a.quota_l2_blocks", "1099511627776", "more than L2 holds"},
         {"tenant.a.quota_l3_blocks", "4", "tenant.a.guaranteed_l3_blocks", "5",
          "exceeds its quota_l3_blocks"},
+        {"tenant.a.quota_l1_blocks", "4", "tenant.a.guaranteed_l1_blocks", "5",
+         "exceeds its quota_l1_blocks"},
+        {"tenant.a.uid", "5", "tenant.a.guaranteed_l1_blocks", "1099511627776",
+         "exceeds its L1 region"},
+        {"tenant.a.uid", "5", "tenant.a.quota_l1_blocks", "1099511627776", "more than L1 holds"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         tkvd_config c;

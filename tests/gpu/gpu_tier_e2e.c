@@ -13,6 +13,17 @@
  *     IPC mapping with cudaMemcpy: bit-exact each time;
  *   engine C (child) attends over a leased prefix in a loop and is SIGKILLed mid-step: the
  *     daemon stays up, the lease count drops to 0 and an A-like engine is still served.
+ *   Then, where the test runs as root (it switches uid for the engines; elsewhere this part
+ *   prints SKIP and the rest still counts), tenant isolation in L1 on a second daemon with
+ *   tenants a (uid 61021) and b (uid 61022), each map_pool and quota_l1_blocks = 8 (an L1
+ *   region of its own: one CUDA allocation, exported on its own):
+ *   engine TA (uid a) writes 8 L1 blocks of a marked pattern and commits them;
+ *   engine TB (uid b) gets an L1 mapping exactly its own region's size, which is not A's
+ *     bytes: no byte run of A's pattern anywhere in it; A's offsets and offsets past its
+ *     region are refused by kvc_offset_block_id (-1) or name B's own slots; B's lookup of
+ *     A's prompt hits nothing; then B commits 24 L1 blocks (3x its quota) into its region;
+ *   engine TA2 (uid a) finds all 8 of its blocks still in L1 (B's load evicted only B's own)
+ *     and reads them back bit-exact through its own mapping.
  *
  * No CUDA or gRPC call is made in the parent (neither survives fork): it starts the daemon,
  * forks the engines and reads their exit codes. Prints PASS/FAIL lines; exits 0 (all passed),
@@ -21,6 +32,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <grp.h>
+#include <stdbool.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +55,7 @@
 #define DEADLINE_S 240
 
 static char g_dir[64], g_sock[128], g_attach[128], g_log[128];
+static const char *g_config; /* --config for the daemon (the tenant phase), or NULL */
 static pid_t g_daemon;
 static volatile pid_t g_child; /* the engine running now, for the deadline handler */
 
@@ -604,6 +618,260 @@ static void checker_after_kill(void)
     exit(0);
 }
 
+/* ---- tenant isolation in L1 (the second daemon, run as root) ------------------------------ */
+
+static int start_daemon(const char *bin);
+static int stop_daemon(void);
+
+#define UID_TA 61021
+#define UID_TB 61022
+#define T_QUOTA 8
+static const char kTagA[] = "tenant-a-L1-block"; /* A's pattern: the tag, then the block no. */
+static int g_tpipe[2] = {-1, -1};   /* TA -> parent: its L1 offsets */
+static uint64_t g_ta_off[T_QUOTA];  /* what TA reported (inherited by the later children) */
+
+static void fill_a(uint8_t *p, size_t bb, int b)
+{
+    for (size_t i = 0; i < bb; i += 32) {
+        size_t n = bb - i < 32 ? bb - i : 32;
+        char unit[32] = {0};
+        snprintf(unit, sizeof(unit), "%s%02d", kTagA, b);
+        memcpy(p + i, unit, n);
+    }
+}
+
+static void tenant_prompt(uint32_t *t, uint32_t seed, int n)
+{
+    for (int i = 0; i < n; i++)
+        t[i] = seed * 7919u + (uint32_t)i * 13u + 5u;
+}
+
+/* Commits nb L1 blocks of prompt `seed`; the bytes of block b are fill(b). Returns the offsets. */
+static void tenant_commit_l1(kvc_client *c, uint32_t seed, int nb, bool pattern_a, uint64_t *offs)
+{
+    size_t bb = kvc_block_bytes(c);
+    uint8_t *base = kvc_pool_base(c, KVC_TIER_L1);
+    REQUIRE(base, "no L1 base: %s", kvc_last_error());
+    uint64_t alloc_id = 0;
+    KVC_CHECK(kvc_alloc_tier(c, KVC_TIER_L1, (uint32_t)nb, &alloc_id, offs));
+    uint8_t *host = malloc(bb);
+    REQUIRE(host, "out of memory");
+    for (int b = 0; b < nb; b++) {
+        int64_t id = kvc_offset_block_id(c, KVC_TIER_L1, offs[b]);
+        REQUIRE(id >= 0, "L1 alloc offset %llu is not a slot of this tenant's mapping",
+                (unsigned long long)offs[b]);
+        if (pattern_a)
+            fill_a(host, bb, b);
+        else
+            memset(host, 0xB0 + (b & 15), bb);
+        CUDA_CHECK(cudaMemcpy(base + (size_t)id * bb, host, bb, cudaMemcpyHostToDevice));
+    }
+    uint32_t tokens[T_QUOTA * EM_PAGE];
+    REQUIRE(nb <= T_QUOTA, "too many blocks");
+    tenant_prompt(tokens, seed, nb * EM_PAGE);
+    kvc_put_result res;
+    KVC_CHECK(kvc_commit(c, alloc_id, tokens, (size_t)nb * EM_PAGE, 0, (uint32_t)nb, &res));
+    REQUIRE(res.num_stored == (uint32_t)nb, "commit stored %u of %d", res.num_stored, nb);
+    free(host);
+}
+
+/* The size the daemon gives a tenant's L1 region: its quota in blocks, in 2 MiB units. */
+static int64_t region_blocks(size_t bb)
+{
+    uint64_t bytes = ((uint64_t)T_QUOTA * bb + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+    return (int64_t)(bytes / bb);
+}
+
+static void engine_ta(void)
+{
+    kvc_client *c = connect_engine();
+    REQUIRE(kvc_has_l1(c), "tenant a (map_pool) got no L1 mapping: %s", kvc_last_error());
+    size_t bb = kvc_block_bytes(c);
+    REQUIRE(kvc_pool_num_blocks(c, KVC_TIER_L1) == region_blocks(bb),
+            "tenant a's L1 mapping holds %lld blocks, its region %lld",
+            (long long)kvc_pool_num_blocks(c, KVC_TIER_L1), (long long)region_blocks(bb));
+    uint64_t offs[T_QUOTA];
+    tenant_commit_l1(c, 1, T_QUOTA, true, offs);
+    REQUIRE(write(g_tpipe[1], offs, sizeof(offs)) == (ssize_t)sizeof(offs), "pipe: %s",
+            strerror(errno));
+    printf("PASS tenant a: %d L1 blocks written through its own region's mapping (%lld blocks) "
+           "and committed\n", T_QUOTA, (long long)region_blocks(bb));
+    kvc_close(c);
+    exit(0);
+}
+
+/* Bytes of the whole L1 mapping that contain A's tag: 0 for a mapping that is not A's. */
+static size_t count_tag_a(kvc_client *c)
+{
+    size_t bb = kvc_block_bytes(c);
+    size_t bytes = (size_t)kvc_pool_num_blocks(c, KVC_TIER_L1) * bb;
+    uint8_t *all = malloc(bytes);
+    REQUIRE(all, "out of memory");
+    CUDA_CHECK(cudaMemcpy(all, kvc_pool_base(c, KVC_TIER_L1), bytes, cudaMemcpyDeviceToHost));
+    size_t hits = 0;
+    for (size_t i = 0; i + sizeof(kTagA) - 1 <= bytes; i++)
+        if (all[i] == (uint8_t)kTagA[0] && memcmp(all + i, kTagA, sizeof(kTagA) - 1) == 0)
+            hits++;
+    free(all);
+    return hits;
+}
+
+static void engine_tb(void)
+{
+    kvc_client *c = connect_engine();
+    REQUIRE(kvc_has_l1(c), "tenant b (map_pool) got no L1 mapping: %s", kvc_last_error());
+    size_t bb = kvc_block_bytes(c);
+    int64_t nb = kvc_pool_num_blocks(c, KVC_TIER_L1);
+    REQUIRE(nb == region_blocks(bb), "tenant b's L1 mapping holds %lld blocks, its region %lld",
+            (long long)nb, (long long)region_blocks(bb));
+    size_t found = count_tag_a(c);
+    REQUIRE(found == 0, "tenant b's L1 mapping holds %zu runs of tenant a's bytes", found);
+    /* forged offsets: past its region (where a single shared pool would have A's blocks) and
+     * A's own offsets, which name at most B's own slots */
+    REQUIRE(kvc_offset_block_id(c, KVC_TIER_L1, (uint64_t)nb * bb) == -1,
+            "an offset past b's region was accepted");
+    REQUIRE(kvc_offset_block_id(c, KVC_TIER_L1, 64ull << 20) == -1,
+            "an offset past b's region (the whole pool's size) was accepted");
+    for (int i = 0; i < T_QUOTA; i++) {
+        int64_t id = kvc_offset_block_id(c, KVC_TIER_L1, g_ta_off[i] + (uint64_t)nb * bb);
+        REQUIRE(id == -1, "a's offset %llu shifted past b's region was accepted",
+                (unsigned long long)g_ta_off[i]);
+    }
+    uint32_t tokens[T_QUOTA * EM_PAGE];
+    tenant_prompt(tokens, 1, T_QUOTA * EM_PAGE); /* a's prompt */
+    kvc_lease *l = NULL;
+    int rc = kvc_lookup(c, tokens, T_QUOTA * EM_PAGE, 0, &l);
+    REQUIRE(rc == KVC_OK || rc == KVC_ENOTFOUND, "b's lookup: %s", kvc_last_error());
+    REQUIRE(!l || kvc_lease_num_blocks(l) == 0, "b hit %u of a's blocks",
+            kvc_lease_num_blocks(l));
+    if (l)
+        kvc_release(c, l);
+    /* b's load: three times its quota, all into its own region */
+    for (uint32_t round = 0; round < 3; round++) {
+        uint64_t offs[T_QUOTA];
+        tenant_commit_l1(c, 100 + round, T_QUOTA, false, offs);
+    }
+    found = count_tag_a(c);
+    REQUIRE(found == 0, "after its load, b's L1 mapping holds %zu runs of a's bytes", found);
+    printf("PASS tenant b: its L1 mapping is its own region (%lld blocks), holds none of a's "
+           "bytes, refuses offsets past it; its lookup of a's prompt misses; it committed %d "
+           "L1 blocks into it\n", (long long)nb, 3 * T_QUOTA);
+    kvc_close(c);
+    exit(0);
+}
+
+static void engine_ta2(void)
+{
+    kvc_client *c = connect_engine();
+    size_t bb = kvc_block_bytes(c);
+    uint32_t tokens[T_QUOTA * EM_PAGE];
+    tenant_prompt(tokens, 1, T_QUOTA * EM_PAGE);
+    kvc_lease *l = NULL;
+    KVC_CHECK(kvc_lookup(c, tokens, T_QUOTA * EM_PAGE, 0, &l));
+    REQUIRE(kvc_lease_num_blocks(l) == T_QUOTA, "a hit %u of its %d blocks",
+            kvc_lease_num_blocks(l), T_QUOTA);
+    uint8_t *want = malloc(bb), *got = malloc(bb);
+    REQUIRE(want && got, "out of memory");
+    for (uint32_t i = 0; i < T_QUOTA; i++) {
+        REQUIRE(kvc_lease_tier(l, i) == KVC_TIER_L1, "a's block %u left L1 (now %s) under b's "
+                "load", i, kvc_tier_name(kvc_lease_tier(l, i)));
+        int64_t id = kvc_lease_block_id(c, l, i, KVC_TIER_L1);
+        REQUIRE(id >= 0, "a's block %u: no L1 id", i);
+        CUDA_CHECK(cudaMemcpy(got, (uint8_t *)kvc_pool_base(c, KVC_TIER_L1) + (size_t)id * bb,
+                              bb, cudaMemcpyDeviceToHost));
+        fill_a(want, bb, (int)i);
+        REQUIRE(memcmp(got, want, bb) == 0, "a's block %u differs", i);
+    }
+    kvc_release(c, l);
+    free(want);
+    free(got);
+    printf("PASS tenant a: all %d of its L1 blocks survived b's load, bit-exact\n", T_QUOTA);
+    kvc_close(c);
+    exit(0);
+}
+
+/* Runs fn in a child as uid/gid `uid`. */
+static int run_child_as(uid_t uid, void (*fn)(void))
+{
+    fflush(NULL);
+    pid_t p = fork();
+    if (p < 0)
+        return -1;
+    if (p == 0) {
+        alarm(DEADLINE_S);
+        if (setgroups(0, NULL) != 0 || setgid(uid) != 0 || setuid(uid) != 0) {
+            fprintf(stderr, "FAIL cannot become uid %u: %s\n", (unsigned)uid, strerror(errno));
+            _exit(1);
+        }
+        fn();
+        _exit(1);
+    }
+    g_child = p;
+    int st = 0;
+    while (waitpid(p, &st, 0) < 0 && errno == EINTR)
+        ;
+    g_child = 0;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* The tenant phase: returns the number of failures (0 when skipped). */
+static int tenant_phase(const char *bin)
+{
+    if (geteuid() != 0) {
+        printf("SKIP tenant L1 isolation: switching uid needs root\n");
+        return 0;
+    }
+    char conf[] = "/tmp/tkv-gpu-e2e-conf-XXXXXX";
+    int fd = mkstemp(conf);
+    if (fd < 0) {
+        perror("mkstemp");
+        return 1;
+    }
+    char text[512];
+    int n = snprintf(text, sizeof(text),
+                     "tenant.a.uid = %d\ntenant.a.map_pool = on\ntenant.a.quota_l1_blocks = %d\n"
+                     "tenant.b.uid = %d\ntenant.b.map_pool = on\ntenant.b.quota_l1_blocks = %d\n"
+                     "tenant.ops.uid = 0\ntenant.ops.admin = on\n",
+                     UID_TA, T_QUOTA, UID_TB, T_QUOTA);
+    bool wrote = write(fd, text, (size_t)n) == n;
+    close(fd);
+    if (!wrote || chmod(conf, 0644) != 0) {
+        perror("config");
+        unlink(conf);
+        return 1;
+    }
+    g_config = conf;
+    int failed = 0;
+    if (start_daemon(bin) != 0) {
+        stop_daemon();
+        unlink(conf);
+        return 1;
+    }
+    if (pipe(g_tpipe) != 0) {
+        perror("pipe");
+        failed++;
+    } else {
+        failed += run_child_as(UID_TA, engine_ta) != 0;
+        close(g_tpipe[1]);
+        if (!failed && read(g_tpipe[0], g_ta_off, sizeof(g_ta_off)) != (ssize_t)sizeof(g_ta_off)) {
+            printf("FAIL tenant a reported no offsets\n");
+            failed++;
+        }
+        close(g_tpipe[0]);
+    }
+    if (!failed)
+        failed += run_child_as(UID_TB, engine_tb) != 0;
+    if (!failed)
+        failed += run_child_as(UID_TA, engine_ta2) != 0;
+    if (stop_daemon() != 0) {
+        printf("FAIL the tenant daemon did not stop cleanly\n");
+        failed++;
+    }
+    g_config = NULL;
+    unlink(conf);
+    return failed;
+}
+
 /* ---- the parent: daemon, children --------------------------------------------------------- */
 
 static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
@@ -675,7 +943,7 @@ static int start_daemon(const char *bin)
                           "0", "--num-layers", layers, "--num-kv-heads", heads, "--head-dim",
                           dim, "--block-tokens", page, "--model-id", EM_MODEL, "--l2-blocks",
                           "4096", "--l1-bytes", "64M", "--gpu-device", "0", "--log-level",
-                          "warn", NULL};
+                          "warn", g_config ? "--config" : NULL, g_config, NULL};
     fflush(NULL);
     g_daemon = fork();
     if (g_daemon < 0) {
@@ -700,8 +968,15 @@ static int start_daemon(const char *bin)
             g_daemon = 0;
             return -1;
         }
-        if (access(g_sock, F_OK) == 0 && access(g_attach, F_OK) == 0 && run_child(probe_daemon) == 0)
+        if (access(g_sock, F_OK) == 0 && access(g_attach, F_OK) == 0 && run_child(probe_daemon) == 0) {
+            /* the tenant phase's engines run as other users: they must reach the sockets */
+            if (g_config && (chmod(g_dir, 0755) != 0 || chmod(run, 0755) != 0 ||
+                             chmod(g_sock, 0777) != 0 || chmod(g_attach, 0777) != 0)) {
+                perror("chmod");
+                return -1;
+            }
             return 0;
+        }
         sleep_ms(100);
     }
     fprintf(stderr, "FAIL tierkvd did not serve within 60 s; its log:\n");
@@ -841,6 +1116,8 @@ int main(int argc, char **argv)
         printf("FAIL tierkvd did not stop cleanly\n");
         failed++;
     }
+    if (!failed)
+        failed += tenant_phase(argv[1]);
     printf("%s gpu_tier_e2e\n", failed ? "FAIL" : "PASS");
     return failed ? 1 : 0;
 }

@@ -12,6 +12,8 @@
  *      failover, nothing wrong is served, and new prompts hit from L4 after it;
  *   6. every Redis process down: both hosts keep serving from their local tiers with no
  *      error to their clients, and say L4 is down (metrics and /api/stats).
+ * Beside them, a store with two tenants over the cluster: one tenant's L4 quota stops its
+ * blocks going to L4 past the quota (counted, refused), the other's are not held back.
  * Exits 77 (skipped) when redis-server or redis-cli is not installed.
  */
 #include <check.h>
@@ -28,6 +30,7 @@
 #include "tkv_keys.h"
 #include "tkv_l4.h"
 #include "tkv_rcluster.h"
+#include "tkv_store.h"
 
 #define NUM_REDIS 6
 #define PASSWORD "tierkv-l4-test"
@@ -723,6 +726,74 @@ START_TEST(l4_splits_checks_and_misses_damage)
 }
 END_TEST
 
+/* A store with no L3 over the cluster (so a put hands its blocks to L4 at once): tenant 1 may
+ * put 5 blocks into L4, tenant 2 has no limit. Each puts 12 one-block chains; only tenant 1's
+ * first 5 reach Redis, the other 7 are refused and counted; all 12 of tenant 2's get there. */
+#define QBLK 4096u
+START_TEST(l4_tenant_quota_holds)
+{
+    tkv_l4 *l4 = open_l4(QBLK);
+    tkv_store_opts *o = tkv_store_opts_new();
+    uint8_t fp[TKV_KEY_BYTES];
+    tkv_geometry g = {2, 1, 64, BT, TKV_DTYPE_FP8_E4M3, TKV_SCALE_PER_TENSOR, "l4-quota"};
+    tkv_geometry_fingerprint(&g, fp);
+    ck_assert_int_eq(tkv_store_opts_set_block(o, QBLK, BT), TKV_OK);
+    ck_assert_int_eq(tkv_store_opts_set_fingerprint(o, fp), TKV_OK);
+    ck_assert_int_eq(tkv_store_opts_set_l2_blocks(o, 256), TKV_OK);
+    ck_assert_int_eq(tkv_store_opts_set_l4(o, l4), TKV_OK);
+    ck_assert_int_eq(tkv_store_opts_set_tenant_l4_quota(o, 1, 5), TKV_OK);
+    ck_assert_int_eq(tkv_store_opts_set_tenant_name(o, 1, "capped"), TKV_OK);
+    tkv_store *s = NULL;
+    ck_assert_int_eq(tkv_store_open(o, &s), TKV_OK);
+    tkv_store_opts_free(o);
+    static uint8_t pay[QBLK];
+    tkv_key keys[2][12];
+    for (unsigned tn = 1; tn <= 2; tn++) {
+        char ns[32];
+        snprintf(ns, sizeof(ns), "l4q-%u-%d", tn, (int)getpid());
+        tkv_key root;
+        tkv_key_root(fp, ns, strlen(ns), &root);
+        for (uint32_t i = 0; i < 12; i++) {
+            uint32_t tok[BT];
+            tkvt_tokens(1000u * tn + i, tok, BT);
+            ck_assert_uint_eq(tkv_key_chain(&root, tok, BT, BT, &keys[tn - 1][i], 1), 1);
+            tkvt_payload(1000u * tn + i, 0, pay, QBLK);
+            const void *p = pay;
+            size_t stored = 0;
+            ck_assert_int_eq(tkv_store_put_as(s, tn, &root, &keys[tn - 1][i], tok, &p, 1, &stored),
+                             TKV_OK);
+            ck_assert_uint_eq(stored, 1);
+        }
+    }
+    ck_assert_int_eq(tkv_l4_flush(l4, 10000), TKV_OK);
+    tkv_store_tenant_stats ts;
+    ck_assert_int_eq(tkv_store_get_tenant_stats(s, 1, &ts), TKV_OK);
+    ck_assert_uint_eq(ts.l4_blocks, 5);
+    ck_assert_uint_eq(ts.max_l4_blocks, 5);
+    ck_assert_uint_eq(ts.refused_l4_blocks, 7);
+    ck_assert_uint_ge(ts.refused_blocks, 7);
+    ck_assert_int_eq(tkv_store_get_tenant_stats(s, 2, &ts), TKV_OK);
+    ck_assert_uint_eq(ts.l4_blocks, 12);
+    ck_assert_uint_eq(ts.refused_l4_blocks, 0);
+    /* What Redis holds: tenant 1's first 5 only, every one of tenant 2's. */
+    for (unsigned tn = 1; tn <= 2; tn++)
+        for (uint32_t i = 0; i < 12; i++) {
+            tkv_l4_block b;
+            size_t found = 0;
+            ck_assert_int_eq(tkv_l4_fetch_prefix(l4, &keys[tn - 1][i], 1, &b, &found), TKV_OK);
+            ck_assert_msg(found == (tn == 2 || i < 5), "tenant %u block %u: found %zu", tn, i,
+                          found);
+            if (found) {
+                tkvt_payload(1000u * tn + i, 0, pay, QBLK);
+                ck_assert_mem_eq(b.payload, pay, QBLK);
+            }
+            tkv_l4_blocks_free(&b, found);
+        }
+    tkv_store_close(s);
+    tkv_l4_close(l4);
+}
+END_TEST
+
 /* ============================================================================================
  * 3..6. two hosts
  * ========================================================================================== */
@@ -1020,6 +1091,7 @@ int main(void)
     tcase_add_test(tc, router_follows_ask_and_moved);
     tcase_add_test(tc, router_large_values_bit_exact);
     tcase_add_test(tc, l4_splits_checks_and_misses_damage);
+    tcase_add_test(tc, l4_tenant_quota_holds);
     tcase_add_test(tc, host_b_hits_what_host_a_put);
     tcase_add_test(tc, flipped_bytes_in_redis_are_missed);
     tcase_add_test(tc, a_master_killed_under_load);

@@ -3,7 +3,10 @@
  * than the quota, is refused when its own blocks are all pinned; another tenant's load cannot
  * evict a tenant below its guaranteed share; alloc/commit is held to the same quota; bad
  * limits are refused; a tenant's own L2 region holds only its blocks and bounds it, and no
- * other tenant's lookup sees them; L3 quotas and guaranteed shares hold under a 3-tenant load.
+ * other tenant's lookup sees them; L3 quotas and guaranteed shares hold under a 3-tenant load;
+ * L1 regions and quotas (a host-memory L1 backend) hold the same way; blocks recovered from L3
+ * belong to their tenant (by name, across a reordering of the tenants) and count against its
+ * quota from the start.
  * Deterministic counts on a real memfd pool, LRU policy, L3 only where a test says. */
 #include <check.h>
 #include <stdio.h>
@@ -323,6 +326,251 @@ START_TEST(test_l3_quota)
 }
 END_TEST
 
+/* ---- L1: a host-memory backend keeping each region at its own address ---------------------
+ * Like the daemon's GPU backend, offsets are region base + index in region, and the bases are
+ * far apart, so an offset of one region never lands in another's. */
+#define L1B 24u
+#define L1_REGION_GAP (1u << 20)
+static uint8_t g_l1mem[L1B * BLK];
+static tkv_store *g_l1store;
+static uint64_t g_l1first[8], g_l1size[8];
+static unsigned g_l1nreg;
+
+static unsigned hl1_region(uint64_t slot)
+{
+    for (unsigned r = 0; r < g_l1nreg; r++)
+        if (slot >= g_l1first[r] && slot < g_l1first[r] + g_l1size[r])
+            return r;
+    ck_abort_msg("slot %llu in no region", (unsigned long long)slot);
+    return 0;
+}
+static uint64_t hl1_offset(void *ctx, uint64_t slot)
+{
+    unsigned r = hl1_region(slot);
+    return (uint64_t)r * L1_REGION_GAP + (slot - g_l1first[r]) * BLK;
+}
+static int hl1_promote(void *ctx, const uint64_t *l1, const uint64_t *l2, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        memcpy(g_l1mem + l1[i] * BLK, tkv_store_l2_ptr(g_l1store, l2[i]), BLK);
+    return TKV_OK;
+}
+static int hl1_demote(void *ctx, const uint64_t *l2, const uint64_t *l1, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        memcpy(tkv_store_l2_ptr(g_l1store, l2[i]), g_l1mem + l1[i] * BLK, BLK);
+    return TKV_OK;
+}
+static const tkv_l1_ops g_hl1 = {hl1_offset, hl1_promote, hl1_demote};
+
+/* Allocates one L1 slot as tenant tn, writes block i's bytes into it and commits it. Returns
+ * the allocation's status; *off gets the slot's offset. */
+static int l1_commit_one(tkv_store *s, unsigned tn, uint32_t i, uint64_t *off)
+{
+    uint64_t aid = 0, o = 0;
+    int rc = tkv_store_alloc_as(s, tn, TKV_TIER_L1, 1, 5, &aid, &o);
+    if (rc != TKV_OK)
+        return rc;
+    unsigned r = (unsigned)(o / L1_REGION_GAP);
+    memset(g_l1mem + (g_l1first[r] + (o % L1_REGION_GAP) / BLK) * BLK, (int)(tn * 31 + i), BLK);
+    tkv_key key;
+    uint32_t tokens[TOK];
+    block_key(tn, i, &key, tokens);
+    size_t stored = 0;
+    ck_assert_int_eq(tkv_store_commit(s, aid, NULL, &key, tokens, 1, &stored), TKV_OK);
+    ck_assert_uint_eq(stored, 1);
+    if (off)
+        *off = o;
+    return TKV_OK;
+}
+
+/* L1 of 24 slots: tenants 1 and 2 have regions of 8 each; region 0 (the other 8) is shared
+ * by tenant 3 (quota 4), tenant 4 (guaranteed 3) and tenant 5 (no limit). */
+START_TEST(test_l1_regions_and_quota)
+{
+    tkv_store_opts *o = tkv_store_opts_new();
+    ck_assert_int_eq(tkv_store_opts_set_l1(o, L1B, &g_hl1, NULL), TKV_OK);
+    ck_assert_int_eq(tkv_store_opts_set_l1_region(o, 1, 8), TKV_OK);
+    ck_assert_int_eq(tkv_store_opts_set_l1_region(o, 2, 8), TKV_OK);
+    ck_assert_int_eq(tkv_store_opts_set_tenant_quota(o, 3, TKV_TIER_L1, 4, 0), TKV_OK);
+    ck_assert_int_eq(tkv_store_opts_set_tenant_quota(o, 4, TKV_TIER_L1, 0, 3), TKV_OK);
+    /* The backend needs the layout before the first copy; it is the store's. */
+    tkv_store *s = g_l1store = open_store(o);
+    g_l1nreg = tkv_store_l1_num_regions(s);
+    ck_assert_uint_eq(g_l1nreg, 3);
+    for (unsigned r = 0; r < g_l1nreg; r++)
+        ck_assert_int_eq(tkv_store_l1_region_at(s, r, &g_l1first[r], &g_l1size[r]), TKV_OK);
+    ck_assert_uint_eq(g_l1size[0], 8);
+    ck_assert_uint_eq(g_l1first[1], 8);
+    ck_assert_uint_eq(g_l1first[2], 16);
+    ck_assert_int_eq(tkv_store_l1_region_at(s, 3, NULL, NULL), TKV_EINVAL);
+    unsigned r1 = 9, r3 = 9;
+    ck_assert_int_eq(tkv_store_l1_region(s, 1, &r1), TKV_OK);
+    ck_assert_int_eq(tkv_store_l1_region(s, 3, &r3), TKV_OK);
+    ck_assert_uint_eq(r1, 1);
+    ck_assert_uint_eq(r3, 0);
+
+    /* Tenant 2 fills its region; tenant 1's load of 30 evicts only its own. */
+    for (uint32_t i = 0; i < 8; i++)
+        ck_assert_int_eq(l1_commit_one(s, 2, i, NULL), TKV_OK);
+    for (uint32_t i = 0; i < 30; i++) {
+        uint64_t off = 0;
+        ck_assert_int_eq(l1_commit_one(s, 1, i, &off), TKV_OK);
+        ck_assert_uint_ge(off, 1u * L1_REGION_GAP); /* in its region, nowhere else */
+        ck_assert_uint_lt(off, 1u * L1_REGION_GAP + 8u * BLK);
+        ck_assert_uint_le(held_in(s, 1, TKV_TIER_L1), 8);
+    }
+    ck_assert_uint_eq(held_in(s, 1, TKV_TIER_L1), 8);
+    ck_assert_uint_eq(held_in(s, 2, TKV_TIER_L1), 8);
+    tkv_block_loc loc;
+    for (uint32_t i = 0; i < 8; i++) {
+        ck_assert_uint_eq(lookup_as(s, 2, 2, i, &loc), 1);
+        ck_assert(loc.in_l1);
+        ck_assert_uint_eq(loc.l1_offset / L1_REGION_GAP, 2);
+        ck_assert_uint_eq(lookup_as(s, 1, 2, i, NULL), 0); /* another tenant's: a miss */
+    }
+    tkv_store_tenant_stats ts;
+    ck_assert_int_eq(tkv_store_get_tenant_stats(s, 1, &ts), TKV_OK);
+    ck_assert_uint_eq(ts.own_evictions, 22);
+    ck_assert_uint_eq(ts.max_blocks_tier[TKV_TIER_L1], 8);
+    ck_assert_uint_eq(ts.guaranteed_blocks_tier[TKV_TIER_L1], 8);
+
+    /* Region 0: 4 at tenant 4's share, tenant 3 held to its quota, tenant 5's load cannot
+     * push tenant 4 below 3. */
+    for (uint32_t i = 0; i < 3; i++)
+        ck_assert_int_eq(l1_commit_one(s, 4, i, NULL), TKV_OK);
+    for (uint32_t i = 0; i < 10; i++) {
+        ck_assert_int_eq(l1_commit_one(s, 3, i, NULL), TKV_OK);
+        ck_assert_uint_le(held_in(s, 3, TKV_TIER_L1), 4);
+    }
+    for (uint32_t i = 0; i < 20; i++)
+        ck_assert_int_eq(l1_commit_one(s, 5, i, NULL), TKV_OK);
+    ck_assert_uint_eq(held_in(s, 4, TKV_TIER_L1), 3);
+    ck_assert_uint_le(held_in(s, 3, TKV_TIER_L1), 4);
+    ck_assert_uint_eq(held_in(s, 3, TKV_TIER_L1) + held_in(s, 4, TKV_TIER_L1) +
+                          held_in(s, 5, TKV_TIER_L1), 8);
+    ck_assert_int_eq(tkv_store_get_tenant_stats(s, 4, &ts), TKV_OK);
+    ck_assert_uint_gt(ts.guarded_skips, 0);
+
+    /* Tenant 1 with every L1 block pinned: an L1 allocation is refused and counted, though
+     * region 0 has unpinned blocks. Its lookups' prefetch to L1 of an L2-only block too. */
+    uint64_t leases[8];
+    uint32_t n = 0;
+    for (uint32_t i = 22; i < 30; i++) {
+        tkv_key key;
+        uint32_t tokens[TOK];
+        block_key(1, i, &key, tokens);
+        size_t hit = 0;
+        ck_assert_int_eq(tkv_store_lookup_as(s, 1, &key, 1, 9, 0, &leases[n], &hit, &loc),
+                         TKV_OK);
+        ck_assert_uint_eq(hit, 1);
+        ck_assert(loc.in_l1);
+        n++;
+    }
+    ck_assert_int_eq(tkv_store_get_tenant_stats(s, 1, &ts), TKV_OK);
+    uint64_t refused_before = ts.refused_blocks_tier[TKV_TIER_L1];
+    uint64_t aid = 0, off = 0;
+    ck_assert_int_eq(tkv_store_alloc_as(s, 1, TKV_TIER_L1, 1, 9, &aid, &off), TKV_EFULL);
+    tkv_key key;
+    uint32_t tokens[TOK];
+    block_key(1, 21, &key, tokens); /* evicted from L1, still in L2 */
+    uint64_t lease = 0, ticket = 0;
+    size_t hit = 0;
+    ck_assert_int_eq(tkv_store_lookup_as(s, 1, &key, 1, 9, 0, &lease, &hit, &loc), TKV_OK);
+    ck_assert_uint_eq(hit, 1);
+    ck_assert(!loc.in_l1 && loc.in_l2);
+    ck_assert_int_eq(tkv_store_prefetch(s, lease, TKV_TIER_L1, NULL, NULL, &ticket), TKV_OK);
+    int status = 0;
+    ck_assert_int_eq(tkv_store_wait(s, ticket, 10000, &status), TKV_OK);
+    ck_assert_int_eq(status, TKV_EFULL);
+    ck_assert_int_eq(tkv_store_get_tenant_stats(s, 1, &ts), TKV_OK);
+    ck_assert_uint_eq(ts.refused_blocks_tier[TKV_TIER_L1], refused_before + 2);
+    for (uint32_t i = 0; i < n; i++)
+        ck_assert_int_eq(tkv_store_lease_release(s, leases[i]), TKV_OK);
+    /* Released: the prefetch brings it up, bit-exact, into tenant 1's region. */
+    ck_assert_int_eq(tkv_store_prefetch(s, lease, TKV_TIER_L1, NULL, NULL, &ticket), TKV_OK);
+    ck_assert_int_eq(tkv_store_wait(s, ticket, 10000, &status), TKV_OK);
+    ck_assert_int_eq(status, TKV_OK);
+    size_t nl = 0;
+    ck_assert_int_eq(tkv_store_lease_locs(s, lease, &loc, 1, &nl), TKV_OK);
+    ck_assert(loc.in_l1);
+    ck_assert_uint_eq(loc.l1_offset / L1_REGION_GAP, 1);
+    uint8_t want[BLK];
+    memset(want, 1 * 31 + 21, BLK);
+    ck_assert_int_eq(memcmp(g_l1mem + (g_l1first[1] + (loc.l1_offset % L1_REGION_GAP) / BLK) * BLK,
+                            want, BLK), 0);
+    ck_assert_int_eq(tkv_store_lease_release(s, lease), TKV_OK);
+    ck_assert_uint_eq(held_in(s, 1, TKV_TIER_L1), 8);
+    tkv_store_close(s);
+    g_l1store = NULL;
+
+    o = tkv_store_opts_new();
+    ck_assert_int_eq(tkv_store_opts_set_l1(o, L1B, &g_hl1, NULL), TKV_OK);
+    ck_assert_int_eq(tkv_store_opts_set_l1_region(o, 1, L1B + 1), TKV_OK);
+    tkv_geometry g = {2, 1, 64, TOK, TKV_DTYPE_FP8_E4M3, TKV_SCALE_PER_TENSOR, "tenant-test"};
+    tkv_geometry_fingerprint(&g, g_fp);
+    ck_assert_int_eq(tkv_store_opts_set_block(o, BLK, TOK), TKV_OK);
+    ck_assert_int_eq(tkv_store_opts_set_fingerprint(o, g_fp), TKV_OK);
+    s = NULL;
+    ck_assert_int_eq(tkv_store_open(o, &s), TKV_EINVAL); /* regions larger than L1 */
+    ck_assert_ptr_null(s);
+    tkv_store_opts_free(o);
+}
+END_TEST
+
+/* Blocks recovered from L3 are their tenant's: tenants "alpha" (id 1) and "beta" (id 2) put,
+ * the store closes, and reopens with the two ids swapped (the config reordered) and a quota
+ * for alpha. Each tenant holds its own blocks from the start, the other's lookup misses them,
+ * and alpha's quota counts them. */
+START_TEST(test_l3_recovery_keeps_tenants)
+{
+    char dir[] = "/tmp/tkv-l3t-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    tkv_store_opts *o = tkv_store_opts_new();
+    ck_assert_int_eq(tkv_store_opts_set_l3(o, dir, 0), TKV_OK);
+    ck_assert_int_eq(tkv_store_opts_set_tenant_name(o, 1, "alpha"), TKV_OK);
+    ck_assert_int_eq(tkv_store_opts_set_tenant_name(o, 2, "beta"), TKV_OK);
+    tkv_store *s = open_store(o);
+    for (uint32_t i = 0; i < 6; i++)
+        ck_assert_uint_eq(put_one(s, 1, i), 1);
+    for (uint32_t i = 0; i < 4; i++)
+        ck_assert_uint_eq(put_one(s, 2, i), 1);
+    ck_assert_uint_eq(put_one(s, 0, 0), 1);
+    ck_assert_int_eq(tkv_store_flush(s), TKV_OK);
+    tkv_store_close(s);
+
+    o = tkv_store_opts_new();
+    ck_assert_int_eq(tkv_store_opts_set_l3(o, dir, 0), TKV_OK);
+    ck_assert_int_eq(tkv_store_opts_set_tenant_name(o, 1, "beta"), TKV_OK);
+    ck_assert_int_eq(tkv_store_opts_set_tenant_name(o, 2, "alpha"), TKV_OK);
+    ck_assert_int_eq(tkv_store_opts_set_tenant_quota(o, 2, TKV_TIER_L3, 6, 0), TKV_OK);
+    s = open_store(o);
+    ck_assert_uint_eq(held_in(s, 2, TKV_TIER_L3), 6);  /* alpha's, from the start */
+    ck_assert_uint_eq(held_in(s, 1, TKV_TIER_L3), 4);  /* beta's */
+    ck_assert_uint_eq(held_in(s, 0, TKV_TIER_L3), 1);  /* no tenant's stays no tenant's */
+    /* Keys of the test are salted by the old ids: alpha's blocks are the "t1" chains. */
+    for (uint32_t i = 0; i < 6; i++) {
+        ck_assert_uint_eq(lookup_as(s, 1, 1, i, NULL), 0); /* beta cannot claim them */
+        ck_assert_uint_eq(lookup_as(s, 2, 1, i, NULL), 1); /* alpha can */
+    }
+    for (uint32_t i = 0; i < 4; i++)
+        ck_assert_uint_eq(lookup_as(s, 2, 2, i, NULL), 0);
+    ck_assert_uint_eq(held_in(s, 2, TKV_TIER_L3), 6);
+    /* Alpha is at its L3 quota with the recovered blocks: a new block takes an own one's room. */
+    ck_assert_uint_eq(put_one(s, 2, 50), 1);
+    ck_assert_int_eq(tkv_store_flush(s), TKV_OK);
+    ck_assert_uint_eq(held_in(s, 2, TKV_TIER_L3), 6);
+    ck_assert_uint_eq(held_in(s, 1, TKV_TIER_L3), 4);
+    tkv_store_tenant_stats ts;
+    ck_assert_int_eq(tkv_store_get_tenant_stats(s, 2, &ts), TKV_OK);
+    ck_assert_uint_ge(ts.own_evictions, 1);
+    tkv_store_close(s);
+    char cmd[64];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 START_TEST(test_bad_limits)
 {
     tkv_store_opts *o = tkv_store_opts_new();
@@ -330,7 +578,10 @@ START_TEST(test_bad_limits)
                      TKV_EINVAL);
     ck_assert_int_eq(tkv_store_opts_set_tenant_quota(o, 1, TKV_TIER_L2, 4, 5), TKV_EINVAL);
     ck_assert_int_eq(tkv_store_opts_set_tenant_quota(o, 1, 9, 4, 0), TKV_EINVAL);
-    ck_assert_int_eq(tkv_store_opts_set_tenant_quota(o, 1, TKV_TIER_L1, 4, 0), TKV_EUNSUPPORTED);
+    ck_assert_int_eq(tkv_store_opts_set_tenant_quota(o, 1, TKV_TIER_L1, 4, 5), TKV_EINVAL);
+    ck_assert_int_eq(tkv_store_opts_set_l1_region(o, 0, 4), TKV_EINVAL);
+    ck_assert_int_eq(tkv_store_opts_set_l1_region(o, TKV_STORE_TENANTS_MAX, 4), TKV_EINVAL);
+    ck_assert_int_eq(tkv_store_opts_set_tenant_l4_quota(o, TKV_STORE_TENANTS_MAX, 4), TKV_EINVAL);
     ck_assert_int_eq(tkv_store_opts_set_tenant_quota(o, 1, TKV_TIER_L3, 4, 0), TKV_OK);
     tkv_store *s = open_store(o);
     tkv_store_tenant_stats ts;
@@ -355,6 +606,8 @@ int main(void)
     tcase_add_test(tc, test_bad_limits);
     tcase_add_test(tc, test_regions);
     tcase_add_test(tc, test_l3_quota);
+    tcase_add_test(tc, test_l1_regions_and_quota);
+    tcase_add_test(tc, test_l3_recovery_keeps_tenants);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);
