@@ -25,6 +25,7 @@
  *
  * Usage: decode_bench [--json] [--peer FILE] [--quick] [--combine | --warps] [--values a,b,c,d]
  *                     [--case NAME] [--hq N] [--qlens a,b,...] [--lean] [--public]
+ *                     [--wg-forms a,b,...]
  *   --json   print a JSON list of result objects on stdout (the table goes to stderr)
  *   --peer   FILE: JSON from bench/flashinfer_decode.py; its flashinfer_us joins the rows
  *   --quick  fewer replays (smoke runs)
@@ -33,6 +34,9 @@
  *   --case, --hq, --qlens  run only the matching rows (profiling)
  *   --lean   only dynamic, static and HPC-Ops (no flushed replays, sweeps or other kernels)
  *   --public only the nine public cases
+ *   --wg-forms  time the warpgroup kernel (at every row count, not only past 8) in each of
+ *            these forms (tkvk__decode_wg_form: 2, 3, 4 stages, 12, 13, 22; 0 the launcher's
+ *            choice), each with its own plan, instead of only the launcher's
  * Exit 77 when no GPU is present.
  */
 #include <cuda_runtime.h>
@@ -120,6 +124,11 @@ static const char *const kSweepLabel[3] = {"floor 1/2/4/8 us", "combine auto/16x
                                            "warps/CTA 8/4/2/1 us"};
 static const char *const kSweepKey[3] = {"dynamic_floor_us", "dynamic_combine_us",
                                          "dynamic_cta_warps_us"};
+
+/* --wg-forms a,b,...: the warpgroup kernel's forms timed (tkvk__decode_wg_form; 0: the
+ * launcher's choice), each with its own plan, in the same turns as the rest */
+static int g_wg_list[5] = {0, 0, 0, 0, 0};
+static int g_wg_n = 1;
 
 static int g_values[4]; /* --values: the sweep's four settings instead of kSweep's */
 static bool g_values_set;
@@ -258,6 +267,9 @@ struct Row {
     double m16;          /* at most 8 rows: the warp-worker kernel with rows on the mma's M side */
     double one;          /* 17..32 rows: the warp-worker kernel with one warp per worker */
     double wg;           /* past 8 rows: the warpgroup kernel (TKVK__DEC_WG), its own plan */
+    double wgs[5];       /* --wg-forms: the warpgroup kernel in each of g_wg_list (wgs[0] = wg) */
+    double wg_diff;      /* largest |O| difference of the warpgroup kernel (every stage count)
+                            from the dynamic step's */
     double sweep_us[4];  /* dynamic at each of sweep_values() */
     double sweep_static_us[4]; /* --combine: static at each of them (side by side), else -1 */
     int splits;
@@ -461,48 +473,60 @@ static Row run(const BenchCase &bc, int hq, int hkv, int q_len, cudaStream_t s)
         }
     }
 #endif
-    /* past 8 rows: the warpgroup kernel (its own plan), timed in the same turns as the rest */
-    tkvk_decode_plan *old_plan = nullptr;
-    cudaGraphExec_t old_exec = nullptr;
+    /* past 8 rows (with --wg-forms, at every row count): the warpgroup kernel (its own plan;
+     * with --wg-forms in each of them), timed in the same turns as the rest */
+    tkvk_decode_plan *wg_plan[5] = {};
+    cudaGraphExec_t wg_exec[5] = {};
     uint16_t *d_out4 = nullptr;
     row.wg = -1;
-    if ((hq / hkv) * q_len > 8) {
+    row.wg_diff = -1;
+    for (int k = 0; k < 5; k++)
+        row.wgs[k] = -1;
+    const bool wg_on = (hq / hkv) * q_len > 8 || g_wg_n > 1;
+    if (wg_on) {
+        CK(cudaMalloc((void **)&d_out4, qn * 2 * g_wg_n));
         tkvk__decode_kernel(TKVK__DEC_WG);
-        TK(tkvk_decode_plan_create(&old_plan, nreq, hkv, (hq / hkv) * q_len, D));
-        TK(tkvk_decode_plan_cuda(old_plan, d_lens, nreq, s));
-        CK(cudaStreamSynchronize(s));
-        CK(cudaMalloc((void **)&d_out4, qn * 2));
-        tkvk_decode_args ao = a;
-        ao.out = d_out4;
-        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-        TK(tkvk_decode_attend_cuda(old_plan, &ao, s));
-        CK(cudaStreamEndCapture(s, &g));
-        CK(cudaGraphInstantiate(&old_exec, g, 0));
-        CK(cudaGraphDestroy(g));
+        for (int k = 0; k < g_wg_n; k++) {
+            tkvk__decode_wg_form(g_wg_list[k]);
+            TK(tkvk_decode_plan_create(&wg_plan[k], nreq, hkv, (hq / hkv) * q_len, D));
+            TK(tkvk_decode_plan_cuda(wg_plan[k], d_lens, nreq, s));
+            CK(cudaStreamSynchronize(s));
+            tkvk_decode_args ao = a;
+            ao.out = d_out4 + qn * k;
+            CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+            TK(tkvk_decode_attend_cuda(wg_plan[k], &ao, s));
+            CK(cudaStreamEndCapture(s, &g));
+            CK(cudaGraphInstantiate(&wg_exec[k], g, 0));
+            CK(cudaGraphDestroy(g));
+        }
+        tkvk__decode_wg_form(0);
         tkvk__decode_kernel(TKVK__DEC_AUTO);
     }
     /* dynamic, static, HPC-Ops and the warpgroup kernel side by side, block by block */
-    cudaGraphExec_t trio[4] = {dyn_exec, stat_exec, nullptr, nullptr};
-    int ntrio = 2, at_hpc = -1, at_old = -1;
+    cudaGraphExec_t trio[8] = {dyn_exec, stat_exec};
+    int ntrio = 2, at_hpc = -1, at_wg = -1;
     if (hpc_exec) {
         at_hpc = ntrio;
         trio[ntrio++] = hpc_exec;
     }
-    if (old_exec) {
-        at_old = ntrio;
-        trio[ntrio++] = old_exec;
+    if (wg_on) {
+        at_wg = ntrio;
+        for (int k = 0; k < g_wg_n; k++)
+            trio[ntrio++] = wg_exec[k];
     }
-    double t[4];
+    double t[8];
     time_graphs(trio, ntrio, s, false, t);
     row.dyn = t[0];
     row.stat = t[1];
     if (at_hpc >= 0)
         row.hpc = t[at_hpc];
-    if (at_old >= 0) {
-        row.wg = t[at_old];
-        CK(cudaGraphExecDestroy(old_exec));
-        tkvk_decode_plan_destroy(old_plan);
-        cudaFree(d_out4);
+    if (at_wg >= 0) {
+        for (int k = 0; k < g_wg_n; k++) {
+            row.wgs[k] = t[at_wg + k];
+            CK(cudaGraphExecDestroy(wg_exec[k]));
+            tkvk_decode_plan_destroy(wg_plan[k]);
+        }
+        row.wg = row.wgs[0];
     }
     row.dyn_flushed = row.stat_flushed = -1;
     if (!g_lean) {
@@ -593,6 +617,18 @@ static Row run(const BenchCase &bc, int hq, int hkv, int q_len, cudaStream_t s)
             md = isnan(e) ? INFINITY : e;
     }
     row.max_diff = md;
+    if (wg_on) {
+        std::vector<uint16_t> o4(qn * g_wg_n);
+        CK(cudaMemcpy(o4.data(), d_out4, qn * 2 * g_wg_n, cudaMemcpyDeviceToHost));
+        double wd = 0;
+        for (size_t i = 0; i < qn * g_wg_n; i++) {
+            double e = fabs(tkvk_bf16_to_float(o1[i % qn]) - tkvk_bf16_to_float(o4[i]));
+            if (!(e <= wd))
+                wd = isnan(e) ? INFINITY : e;
+        }
+        row.wg_diff = wd;
+    }
+    cudaFree(d_out4);
     if (hpc_exec) {
         /* HPC-Ops rounds P to e4m3, so it differs from us by more than a bf16 step: the
          * relative L2 distance says whether it computed the same attention */
@@ -675,7 +711,14 @@ int main(int argc, char **argv)
             }
             g_values_set = true;
         }
-        else if (!strcmp(argv[i], "--quick")) {
+        else if (!strcmp(argv[i], "--wg-forms") && i + 1 < argc) {
+            g_wg_n = sscanf(argv[++i], "%d,%d,%d,%d,%d", &g_wg_list[0], &g_wg_list[1],
+                            &g_wg_list[2], &g_wg_list[3], &g_wg_list[4]);
+            if (g_wg_n < 1) {
+                fprintf(stderr, "decode_bench: --wg-forms takes 1-5 forms, a,b,...\n");
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--quick")) {
             g_reps = 11;
             g_warm = 2;
         } else if (!strcmp(argv[i], "--peer") && i + 1 < argc) {
@@ -761,6 +804,13 @@ int main(int argc, char **argv)
                         hd_s, fi_s, xfi_s, r.max_diff, r.wg, r.wg > 0 ? r.wg / r.dyn : -1.0,
                         r.cta, r.m16, r.one, r.sweep_us[0],
                         r.sweep_us[1], r.sweep_us[2], r.sweep_us[3]);
+                if (g_wg_n > 1 && r.wg > 0) {
+                    fprintf(tab, "%-20s warpgroup forms", "");
+                    for (int k = 0; k < g_wg_n; k++)
+                        fprintf(tab, " %d: %.1f (x%.2f)", g_wg_list[k], r.wgs[k],
+                                r.wgs[k] / r.dyn);
+                    fprintf(tab, " us; max |O - dyn| %.1e\n", r.wg_diff);
+                }
                 if (g_sweep == SWEEP_COMBINE)
                     fprintf(tab, "%-20s static with the same combine shapes: %6.1f/%6.1f/%6.1f/%6.1f\n",
                             "", r.sweep_static_us[0], r.sweep_static_us[1], r.sweep_static_us[2],
@@ -796,11 +846,14 @@ int main(int argc, char **argv)
                    "\"copy_rate_gbs\": %.1f, \"read_rate_gbs\": %.1f, "
                    "\"dyn_vs_static_max_abs_diff\": %.3g, \"dynamic_cta_kernel_us\": %.2f, "
                    "\"dynamic_m16_us\": %.2f, \"dynamic_one_warp_us\": %.2f, \"warpgroup_us\": %.2f, "
+                   "\"warpgroup_forms_us\": [%.2f, %.2f, %.2f, %.2f, %.2f], "
+                   "\"warpgroup_max_abs_diff\": %.3g, "
                    "\"%s\": {\"%d\": %.2f, \"%d\": %.2f, \"%d\": %.2f, \"%d\": %.2f}%s}%s\n",
                    r.name.c_str(), r.hq, r.hkv, r.q_len, r.kv_bytes, r.dyn, r.stat, hp,
                    r.hpc_diff, fi, r.dyn_flushed, r.stat_flushed, r.plan, r.step, r.hbm_fraction,
                    r.hbm_read_fraction, rate / 1e9, rrate / 1e9, r.max_diff, r.cta, r.m16, r.one,
-                   r.wg, kSweepKey[g_sweep], sv[0],
+                   r.wg, r.wgs[0], r.wgs[1], r.wgs[2], r.wgs[3], r.wgs[4], r.wg_diff,
+                   kSweepKey[g_sweep], sv[0],
                    r.sweep_us[0], sv[1], r.sweep_us[1], sv[2], r.sweep_us[2], sv[3],
                    r.sweep_us[3], st, i + 1 < rows.size() ? "," : "");
         }

@@ -55,19 +55,33 @@ int dec_fit_warps(size_t smem, int optin, int want)
 
 /* The warpgroup kernel in the launcher's choice: past 32 rows (q_len 5..8 of a GQA group of
  * 8), where on an H200 it took 0.61-1.03x the CTA kernel's time (median 0.74, faster on 34 of
- * the 36 public rows; docs/perf.md, decode); at 9..32 rows the warp-worker kernel stays ahead. Also wherever
+ * the 36 public rows; docs/perf.md, decode). At 9..32 rows no form of it was ahead of the
+ * warp-worker kernel on every case: form 12 took 0.76-1.02x its time at 8/1 heads but up to
+ * 1.33x at 64/8 and 1.3-1.6x on one huge request or 256 short ones (either head config), and
+ * the launcher cannot see the lengths, so the warp-worker kernel stays there. Also wherever
  * asked for (TKVK__DEC_WG: tests, benchmarks); never under the other forced choices. */
 bool dec_wg_wanted(int rows, int which)
 {
     return which == TKVK__DEC_WG || (which == TKVK__DEC_AUTO && rows > 32);
 }
 
-/* FP8 Q over FP8 KV at D 128 with 9..64 rows runs the warpgroup kernel where dec_wg_wanted();
+/* The warpgroup kernel's form (tkvk__decode_wg_form): 12, two stages with each tile's P.V
+ * awaited at once. On an H200 at q_len 5 and 8 (docs/perf.md) it was within 2-5% of form 3
+ * (geometric means 0.96-1.00 of its time) and 1.5x faster than 4 stages, whose query staging
+ * leaves one CTA an SM at 48-64 rows. */
+int dec_wg_default_form(int rows)
+{
+    (void)rows;
+    return 12;
+}
+
+/* FP8 Q over FP8 KV at D 128 with 1..64 rows runs the warpgroup kernel where dec_wg_wanted();
  * else with up to 16 rows (32 at D <= 128) the warp-worker kernel; every other combination
  * the CTA kernel with 4 warps (8 past 64 rows). */
 AttendVariant pick_variant(int head_dim, bool fp8, int rows, bool q8, int which)
 {
-    if (fp8 && q8 && head_dim == 128 && rows > 8 && dec_wg_wanted(rows, which)) {
+    if (fp8 && q8 && head_dim == 128 && (rows > 8 || which == TKVK__DEC_WG) &&
+        dec_wg_wanted(rows, which)) {
         AttendVariant v = dec_wg_variant(head_dim, rows);
         if (v.fn)
             return v;
@@ -110,6 +124,7 @@ static int dec_set_smem_limits_now(void)
     if (rc)
         return rc;
     TKVK_CUDA_TRY(dec_plan_set_smem(optin));
+    TKVK_CUDA_TRY(dec_wg_set_smem());
     for (int which = TKVK__DEC_AUTO; which <= TKVK__DEC_LAST; which++)
         for (int i = 0; i < 3; i++)
             for (int f = 0; f < 2; f++)

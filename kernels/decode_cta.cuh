@@ -11,6 +11,69 @@ namespace tkvk_dec {
 namespace {
 
 
+/* A CTA's bin as one stream of tiles, shared by the CTA kernel and the warpgroup kernel: its
+ * tasks (the first kTaskWindow of them in shared memory, with their request's length), and
+ * two cursors over them, the loader's (`ld`, with the block ids of its tile already requested)
+ * and the consumer's (`cc`). L: the loader (Attend's fetch_blocks and issue_tile). */
+template <class L> struct BinTiles {
+    struct Cursor {
+        int task, tile; /* task index in the bin; tile index in the request */
+        int4 tk;        /* the task: request, KV head, tiles [z, w) */
+        int32_t len;    /* the request's length */
+    };
+    const DecParams &p;
+    const int4 *s_tasks;
+    const int32_t *s_lens;
+    int first, num, n_tiles;
+    Cursor ld, cc;
+    int32_t ld_blk[L::kRowsPerThread];
+
+    /* s_tasks/s_lens: shared memory holding the first kTaskWindow tasks (filled by the
+     * caller, a barrier before) of the num tasks from index `first` of the map */
+    __device__ BinTiles(const DecParams &p_, const int4 *st, const int32_t *sl, int first_, int num_)
+        : p(p_), s_tasks(st), s_lens(sl), first(first_), num(num_), n_tiles(0)
+    {
+        for (int k = 0; k < num; k++) {
+            const int4 t = task(k);
+            n_tiles += t.w - t.z;
+        }
+        ld.task = cc.task = 0;
+        ld.tk = cc.tk = n_tiles > 0 ? task(0) : make_int4(0, 0, 0, 0);
+        ld.tile = cc.tile = ld.tk.z;
+        ld.len = cc.len = n_tiles > 0 ? task_len(0) : 0;
+        if (n_tiles > 0)
+            L::fetch_blocks(p, ld.tk.x, ld.tile, ld.len, ld_blk);
+    }
+    __device__ int4 task(int k) const { return k < kTaskWindow ? s_tasks[k] : p.tasks[first + k]; }
+    __device__ int32_t task_len(int k) const
+    {
+        return k < kTaskWindow ? s_lens[k] : p.task_len[first + k];
+    }
+    /* the loader's tile into one stage (dst_k/dst_v: this thread's offsets in a stage), then
+     * the loader moves on and requests the next tile's block ids */
+    __device__ void issue(uint32_t sK, uint32_t sV, float *sKs,
+                          const uint32_t (&dst_k)[L::kRowsPerThread],
+                          const uint32_t (&dst_v)[L::kRowsPerThread])
+    {
+        L::issue_tile(p, sK, sV, sKs, ld.tk.x, ld.tk.y, ld.tile, ld.len, ld_blk, dst_k, dst_v);
+        if (!step(ld))
+            return;
+        L::fetch_blocks(p, ld.tk.x, ld.tile, ld.len, ld_blk);
+    }
+    /* the cursor's next tile; false past the bin's last */
+    __device__ bool step(Cursor &c) const
+    {
+        if (++c.tile < c.tk.w)
+            return true;
+        if (++c.task >= num)
+            return false;
+        c.tk = task(c.task);
+        c.tile = c.tk.z;
+        c.len = task_len(c.task);
+        return true;
+    }
+};
+
 /* Q8: FP8 Q over FP8 KV, whose Q.K products run as e4m3 mma (m16n8k32) straight from the
  * cached bytes; the other combinations convert K to f16/bf16 in registers. */
 template <int D, bool FP8KV, int NW, bool Q8 = false, bool kStatic = false> struct Attend {
@@ -174,23 +237,9 @@ template <int D, bool FP8KV, int NW, bool Q8 = false, bool kStatic = false> stru
             }
         }
         __syncthreads();
-        auto task = [&](int k) -> int4 {
-            return k < kTaskWindow ? s_tasks[k] : p.tasks[first_task + k];
-        };
-        auto task_len = [&](int k) -> int32_t {
-            return k < kTaskWindow ? s_lens[k] : p.task_len[first_task + k];
-        };
-        int n_tiles = 0;
-        for (int k = 0; k < num_tasks; k++) {
-            int4 tk = task(k);
-            n_tiles += tk.w - tk.z;
-        }
+        BinTiles<Attend> bt(p, s_tasks, s_lens, first_task, num_tasks);
+        const int n_tiles = bt.n_tiles;
 
-        /* loader cursor, with the block ids of its tile already requested */
-        int ld_task = 0, ld_tile = 0;
-        int4 ld_tk = make_int4(0, 0, 0, 0);
-        int32_t ld_len = 0;
-        int32_t ld_blk[kRowsPerThread];
         uint32_t dst_k[kRowsPerThread], dst_v[kRowsPerThread];
 #pragma unroll
         for (int k = 0; k < kRowsPerThread; k++) {
@@ -199,24 +248,9 @@ template <int D, bool FP8KV, int NW, bool Q8 = false, bool kStatic = false> stru
             dst_v[k] = row * S::kRowBytes + ((j ^ swz_v<S::kChunks>(row)) * 16);
         }
         const uint32_t sK_base = smem_u32(sK), sV_base = smem_u32(sV);
-        if (n_tiles > 0) {
-            ld_tk = task(0);
-            ld_tile = ld_tk.z;
-            ld_len = task_len(0);
-            fetch_blocks(p, ld_tk.x, ld_tile, ld_len, ld_blk);
-        }
         auto load_next = [&](int stage) {
-            issue_tile(p, sK_base + stage * S::kTileBytes, sV_base + stage * S::kTileBytes,
-                       sKs + stage * kTileTokens, ld_tk.x, ld_tk.y, ld_tile, ld_len, ld_blk, dst_k,
-                       dst_v);
-            if (++ld_tile == ld_tk.w) {
-                if (++ld_task >= num_tasks)
-                    return;
-                ld_tk = task(ld_task);
-                ld_tile = ld_tk.z;
-                ld_len = task_len(ld_task);
-            }
-            fetch_blocks(p, ld_tk.x, ld_tile, ld_len, ld_blk);
+            bt.issue(sK_base + stage * S::kTileBytes, sV_base + stage * S::kTileBytes,
+                     sKs + stage * kTileTokens, dst_k, dst_v);
         };
 #pragma unroll
         for (int s = 0; s < S::kStages - 1; s++) {
@@ -232,11 +266,6 @@ template <int D, bool FP8KV, int NW, bool Q8 = false, bool kStatic = false> stru
         int lim[2];
         float v_mul = 1.0f;
 
-        int cc_task = 0;
-        int4 tk = n_tiles > 0 ? task(0) : make_int4(0, 0, 0, 0);
-        int cc_tile = tk.z;
-        int32_t len = n_tiles > 0 ? task_len(0) : 0;
-
         for (int i = 0; i < n_tiles; i++) {
             cp_async_wait<S::kStages - 2>();
             __syncthreads();
@@ -244,9 +273,11 @@ template <int D, bool FP8KV, int NW, bool Q8 = false, bool kStatic = false> stru
                 load_next((i + S::kStages - 1) % S::kStages);
             cp_async_commit();
 
-            if (cc_tile == tk.z) {
+            const int cc_tile = bt.cc.tile;
+            const int32_t len = bt.cc.len;
+            if (cc_tile == bt.cc.tk.z) {
                 /* ---- start of a task: queries into registers, state reset ---- */
-                const int req = tk.x, kvh = tk.y;
+                const int req = bt.cc.tk.x, kvh = bt.cc.tk.y;
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     m_run[h] = -INFINITY;
@@ -269,19 +300,13 @@ template <int D, bool FP8KV, int NW, bool Q8 = false, bool kStatic = false> stru
                              sKs + (i % S::kStages) * kTileTokens, cc_tile, ts * tokens_per_warp,
                              tokens_per_warp, len, g, c, qa, rowmul, lim, m_run, l_run, o);
 
-            if (cc_tile + 1 == tk.w) {
+            if (cc_tile + 1 == bt.cc.tk.w) {
                 /* ---- end of a task: merge the warps' states, write the partial ---- */
-                int pidx = kStatic ? static_index : first_task + cc_task;
+                int pidx = kStatic ? static_index : first_task + bt.cc.task;
                 finalize(p, pidx, R, rg, ts, ts_count, active, g, c, v_mul, m_run, l_run, o, sO,
                          sM, sL);
-                if (++cc_task < num_tasks) {
-                    tk = task(cc_task);
-                    cc_tile = tk.z;
-                    len = task_len(cc_task);
-                }
-            } else {
-                cc_tile++;
             }
+            bt.step(bt.cc);
         }
         cp_async_wait<0>();
     }

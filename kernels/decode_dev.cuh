@@ -7,7 +7,7 @@
  *   decode_plan.cu     the plan kernel and the plan handle (create, plan, download)
  *   decode_cta.cu      the CTA kernel (every shape but FP8 Q over FP8 KV with <= 32 rows)
  *   decode_warp.cu     the warp-worker kernel (FP8 Q over FP8 KV, <= 32 rows: the fast path)
- *   decode_wg.cu       the warpgroup kernel (FP8 Q over FP8 KV, D 128, 9..64 rows: wgmma)
+ *   decode_wg.cu       the warpgroup kernel (FP8 Q over FP8 KV, D 128, <= 64 rows: wgmma)
  *   decode_combine.cu  the combine (partials to O and LSE) and merge states
  *   decode.cu          the entry points: kernel choice, shared-memory limits, launches
  * Kernels stay in an unnamed namespace inside their file; each file exports the few host
@@ -379,6 +379,14 @@ AttendVariant dec_warp_variant(int head_dim, int rows, int which);
 /* decode_wg.cu: the warpgroup kernel (FP8 Q over FP8 KV) for head dim 128 and 1..64 rows
  * (N = rows padded to 16, 32, 48, 64); fn NULL outside the set. */
 AttendVariant dec_wg_variant(int head_dim, int rows);
+/* decode_wg.cu: every warpgroup kernel's shared-memory limit (each of its forms). */
+cudaError_t dec_wg_set_smem(void);
+/* Set by tkvk__decode_wg_form() (benchmarks, tests): the warpgroup kernel's form
+ * (tkvk__decode_wg_form); 0 the launcher's choice. */
+extern int g_wg_form;
+bool dec_wg_form_valid(int form);
+/* decode.cu: the warpgroup kernel's form for `rows` rows in the launcher's choice. */
+int dec_wg_default_form(int rows);
 /* Whether the kernel choice `which` for FP8 Q over FP8 KV at head dim 128 and `rows` rows is
  * the warpgroup kernel (in the launcher's choice only where measured faster, docs/perf.md). */
 bool dec_wg_wanted(int rows, int which);

@@ -1,9 +1,10 @@
 /* decode_wg.cu - the warpgroup kernel of decode attention: FP8 Q over FP8 KV at head dim 128
- * with 9..64 rows a pair (q_len 2..8 of a GQA group of 8: MTP and speculative verify); the
+ * with 1..64 rows a pair (q_len 2..8 of a GQA group of 8: MTP and speculative verify); the
  * launcher takes it in place of the CTA kernel at 33..64 rows, where it was timed faster
  * (dec_wg_wanted, decode.cu; docs/perf.md), and anywhere it applies when asked for
  * (TKVK__DEC_WG). A CTA is one warpgroup (4 warps) that drains its bin of 64-token tiles
- * through the CTA kernel's cp.async ring (the same loader, the same partials by task); the
+ * through the CTA kernel's cp.async ring (BinTiles: the same loader, the same partials by
+ * task; a task's queries copied with its first tile, so its start waits on no load); the
  * products run on wgmma with the query rows on the N side (16, 32, 48 or 64: the rows padded
  * to 16), so no product carries more than 15 padding rows:
  *   scores  S^T = K Q^T: m64nNk16 f16, A = the K tile from registers (converted from e4m3,
@@ -152,26 +153,58 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t addr)
     return d;
 }
 
-template <int N> struct WgAttend {
+/* N: the rows padded (16..64); kSt: K/V stages (kSt - 1 tiles in flight); kMinB: CTAs an SM
+ * the registers are capped for (__launch_bounds__); kDefer: a tile's P.V is awaited only
+ * after the next tile's Q.K (more registers live), else at once; kQStage: a task's queries
+ * come with its first tile (per-stage staging in shared memory), else they are read at the
+ * task's start. */
+template <int N, int kSt, int kMinB, bool kDefer, bool kQStage = true> struct WgAttend {
     static constexpr int D = 128;
     using L = Attend<D, true, 4, true>; /* the CTA kernel: its loader (fetch_blocks, issue_tile) */
     using S = Shape<D, true>;
-    static constexpr int kStages = S::kStages;
+    static constexpr int kStages = kSt;
     static constexpr int kTile = S::kTileBytes; /* 64 tokens x 128 bytes */
     static constexpr int kNR = N / 2;           /* accumulator floats of one m64 block */
     static constexpr int kNC = N / 4;           /* columns (query rows) a thread holds */
     static constexpr int kQTile = N * 128;      /* one of Q's two f16 tiles */
     static constexpr int kOffK = 0, kOffV = kStages * kTile, kOffQ = 2 * kStages * kTile;
     static constexpr int kOffP = kOffQ + 2 * kQTile, kOffKs = kOffP + N * 128;
-    static constexpr int kOffMax = kOffKs + kStages * kTileTokens * 4;
+    /* per stage, the e4m3 Q rows and q scales of the task whose first tile the stage holds
+     * (copied with the tile, so a task's start waits on no load of its own) */
+    static constexpr int kOffQ8 = kOffKs + kStages * kTileTokens * 4;
+    static constexpr int kOffQsc = kOffQ8 + (kQStage ? kStages * N * D : 0);
+    static constexpr int kOffMax = kOffQsc + (kQStage ? kStages * N * 4 : 0);
     static constexpr int kOffL = kOffMax + 4 * N * 4, kOffMul = kOffL + 4 * N * 4;
     static constexpr int kOffLim = kOffMul + N * 4, kEnd = kOffLim + N * 4;
     static_assert(L::kThreads == 128 && L::kRowsPerThread == 4, "one warpgroup, 4 rows a thread");
+    static_assert(kStages >= 2 && kStages <= 4, "2..4 stages");
     static_assert(kOffQ % 1024 == 0 && kQTile % 1024 == 0 && kOffP % 1024 == 0,
                   "operand tiles 1024-aligned");
 
     /* + 1024: the base is aligned up to 1024 bytes at run time */
     static constexpr size_t smem_bytes() { return (size_t)kEnd + 1024; }
+
+    /* cp.async of task (req, kvh)'s e4m3 Q rows and q scales into a stage's staging (rows past
+     * R: zeros) */
+    static __device__ __forceinline__ void issue_q(const DecParams &p, uint32_t sQ8, float *sQsc,
+                                                   int req, int kvh)
+    {
+        const int R = p.rows;
+        const uint8_t *qb = static_cast<const uint8_t *>(p.q);
+        for (int idx = threadIdx.x; idx < N * (D / 16); idx += 128) {
+            const int n = idx / (D / 16), j = idx % (D / 16);
+            const bool ok = n < R;
+            const uint8_t *src = ok ? qb + row_index(p, req, kvh, n) * D + 16 * j : qb;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sQ8 + idx * 16),
+                         "l"(src), "r"(ok ? 16 : 0)
+                         : "memory");
+        }
+        for (int n = threadIdx.x; n < N; n += 128) {
+            const bool ok = n < R;
+            cp_async4(sQsc + n, ok ? p.q_scales + row_index(p, req, kvh, n) : p.q_scales,
+                      ok ? 4 : 0);
+        }
+    }
 
     static __device__ void run(const DecParams &p, uint8_t *raw)
     {
@@ -180,7 +213,9 @@ template <int N> struct WgAttend {
         const uint32_t raw_u = smem_u32(raw), base = (raw_u + 1023u) & ~1023u;
         uint8_t *sm = raw + (base - raw_u);
         const uint32_t sK = base + kOffK, sV = base + kOffV, sQ = base + kOffQ, sP = base + kOffP;
+        const uint32_t sQ8 = base + kOffQ8;
         float *sKs = reinterpret_cast<float *>(sm + kOffKs);
+        float *sQsc = reinterpret_cast<float *>(sm + kOffQsc);
         float *sMax = reinterpret_cast<float *>(sm + kOffMax);
         float *sL = reinterpret_cast<float *>(sm + kOffL);
         float *sMul = reinterpret_cast<float *>(sm + kOffMul);
@@ -197,23 +232,11 @@ template <int N> struct WgAttend {
             s_lens[k] = p.task_len[first_task + k];
         }
         __syncthreads();
-        auto task = [&](int k) -> int4 {
-            return k < kTaskWindow ? s_tasks[k] : p.tasks[first_task + k];
-        };
-        auto task_len = [&](int k) -> int32_t {
-            return k < kTaskWindow ? s_lens[k] : p.task_len[first_task + k];
-        };
-        int n_tiles = 0;
-        for (int k = 0; k < num_tasks; k++) {
-            int4 tk = task(k);
-            n_tiles += tk.w - tk.z;
-        }
+        BinTiles<L> bt(p, s_tasks, s_lens, first_task, num_tasks);
+        const int n_tiles = bt.n_tiles;
 
-        /* loader: the CTA kernel's, with this kernel's destinations */
-        int ld_task = 0, ld_tile = 0;
-        int4 ld_tk = make_int4(0, 0, 0, 0);
-        int32_t ld_len = 0;
-        int32_t ld_blk[4];
+        /* loader: the CTA kernel's, with this kernel's destinations; a task's first tile
+         * brings its queries along */
         uint32_t dst_k[4], dst_v[4];
 #pragma unroll
         for (int k = 0; k < 4; k++) {
@@ -222,23 +245,11 @@ template <int N> struct WgAttend {
             dst_k[k] = (uint32_t)(sr * 128 + ((j ^ (sr & 1)) << 4));
             dst_v[k] = (uint32_t)(t * 128 + ((j ^ (2 * ((t >> 1) & 3))) << 4));
         }
-        if (n_tiles > 0) {
-            ld_tk = task(0);
-            ld_tile = ld_tk.z;
-            ld_len = task_len(0);
-            L::fetch_blocks(p, ld_tk.x, ld_tile, ld_len, ld_blk);
-        }
         auto load_next = [&](int stage) {
-            L::issue_tile(p, sK + stage * kTile, sV + stage * kTile, sKs + stage * kTileTokens,
-                          ld_tk.x, ld_tk.y, ld_tile, ld_len, ld_blk, dst_k, dst_v);
-            if (++ld_tile == ld_tk.w) {
-                if (++ld_task >= num_tasks)
-                    return;
-                ld_tk = task(ld_task);
-                ld_tile = ld_tk.z;
-                ld_len = task_len(ld_task);
-            }
-            L::fetch_blocks(p, ld_tk.x, ld_tile, ld_len, ld_blk);
+            if (kQStage && bt.ld.tile == bt.ld.tk.z)
+                issue_q(p, sQ8 + stage * N * D, sQsc + stage * N, bt.ld.tk.x, bt.ld.tk.y);
+            bt.issue(sK + stage * kTile, sV + stage * kTile, sKs + stage * kTileTokens, dst_k,
+                     dst_v);
         };
 #pragma unroll
         for (int s = 0; s < kStages - 1; s++) {
@@ -252,11 +263,6 @@ template <int N> struct WgAttend {
         int lim_min = 0;
         float v_mul = 1.0f;
 
-        int cc_task = 0;
-        int4 tk = n_tiles > 0 ? task(0) : make_int4(0, 0, 0, 0);
-        int cc_tile = tk.z;
-        int32_t len = n_tiles > 0 ? task_len(0) : 0;
-
         for (int i = 0; i < n_tiles; i++) {
             cp_async_wait<kStages - 2>();
             __syncthreads();
@@ -264,21 +270,25 @@ template <int N> struct WgAttend {
                 load_next((i + kStages - 1) % kStages);
             cp_async_commit();
             const int st = i % kStages;
+            const int cc_tile = bt.cc.tile;
 
-            if (cc_tile == tk.z) {
+            if (cc_tile == bt.cc.tk.z) {
                 /* ---- start of a task: Q (f16, k order permuted) and the columns' score
                  * multipliers and causal limits into shared memory, state reset ---- */
-                const int req = tk.x, kvh = tk.y;
+                const int kvh = bt.cc.tk.y;
+                const int32_t len = bt.cc.len;
+                const uint32_t q8 = sQ8 + st * N * D;
                 const uint8_t *qb = static_cast<const uint8_t *>(p.q);
                 for (int idx = tid; idx < N * 32; idx += 128) {
                     /* word m (dims 4m..4m+3) of row n: step s = m & 7 of quad position
                      * c' = m >> 3, k-slots 2c', 2c'+1 (lo) and 2c'+8, 2c'+9 (hi) */
                     const int n = idx >> 5, m = idx & 31, s = m & 7, cq = m >> 3;
-                    uint32_t wv = 0u;
-                    if (n < R)
+                    uint32_t wv = 0u, lo, hi;
+                    if (kQStage)
+                        wv = lds32(q8 + idx * 4);
+                    else if (n < R)
                         wv = *reinterpret_cast<const uint32_t *>(
-                            qb + row_index(p, req, kvh, n) * D + 4 * m);
-                    uint32_t lo, hi;
+                            qb + row_index(p, bt.cc.tk.x, kvh, n) * D + 4 * m);
                     e4m3x4_to_f16x2(wv, lo, hi);
                     const uint32_t t = sQ + (s >> 2) * kQTile;
                     sts32(t + sw128(n, 32 * (s & 3) + 4 * cq), lo);
@@ -288,8 +298,10 @@ template <int N> struct WgAttend {
                 for (int n = tid; n < N; n += 128) {
                     const bool valid = n < R;
                     sLim[n] = valid ? len - p.q_len + n / p.group + 1 : 0x7fffffff;
-                    sMul[n] = valid ? p.score_scale * p.q_scales[row_index(p, req, kvh, n)] * kmul
-                                    : 0.0f;
+                    const float qs = !valid  ? 0.0f
+                                     : kQStage ? sQsc[st * N + n]
+                                               : p.q_scales[row_index(p, bt.cc.tk.x, kvh, n)];
+                    sMul[n] = p.score_scale * qs * kmul;
                 }
                 v_mul = p.per_token_head ? p.v_head_scales[kvh] : p.v_scale;
                 /* the smallest limit of the pair's rows: its last row's is the largest */
@@ -299,11 +311,6 @@ template <int N> struct WgAttend {
                     m_run[k] = -INFINITY;
                     l_run[k] = 0.0f;
                 }
-#pragma unroll
-                for (int b = 0; b < 2; b++)
-#pragma unroll
-                    for (int e = 0; e < kNR; e++)
-                        o[b][e] = 0.0f;
                 fence_async_smem();
                 __syncthreads();
             }
@@ -364,8 +371,19 @@ template <int N> struct WgAttend {
                     va[b][ks][3] = bb[2 * b + 1][1];
                 }
             }
-            wg_wait0();
+            wg_wait0(); /* Q.K, and the previous tile's P.V */
             reg_fence(sc);
+            reg_fence(o[0]);
+            reg_fence(o[1]);
+            if (cc_tile == bt.cc.tk.z) {
+                /* a task's O is reset only here, after the wait: written while products are
+                 * in flight, the compiler would serialise every product */
+#pragma unroll
+                for (int b = 0; b < 2; b++)
+#pragma unroll
+                    for (int e = 0; e < kNR; e++)
+                        o[b][e] = 0.0f;
+            }
 
             /* ---- scale, mask, online softmax (base 2) per column ---- */
             const int tok0 = 16 * w + 2 * g; /* accumulator rows g, g + 8: tokens tok0, tok0 + 1 */
@@ -436,13 +454,21 @@ template <int N> struct WgAttend {
                 for (int ks = 0; ks < 4; ks++)
                     wg_f16_rs(o[b], va[b][ks], wg_desc(sP + 32 * ks));
             wg_commit();
-            wg_wait0();
-            reg_fence(o[0]);
-            reg_fence(o[1]);
+            /* kDefer: not awaited here: these products run on while the next tile is set up
+             * (its barrier, copies, K and V fragments, Q.K), and the wait after Q.K covers
+             * them, before the softmax scales O and overwrites P^T; a task's end awaits them */
+            if (!kDefer) {
+                wg_wait0();
+                reg_fence(o[0]);
+                reg_fence(o[1]);
+            }
 
-            if (cc_tile + 1 == tk.w) {
+            if (cc_tile + 1 == bt.cc.tk.w) {
                 /* ---- end of a task: the columns' sums over all threads, the partial ---- */
-                const int pidx = first_task + cc_task;
+                wg_wait0();
+                reg_fence(o[0]);
+                reg_fence(o[1]);
+                const int pidx = first_task + bt.cc.task;
 #pragma unroll
                 for (int k = 0; k < kNC; k++) {
                     float l = l_run[k];
@@ -472,47 +498,104 @@ template <int N> struct WgAttend {
                         p.part_lse[(size_t)pidx * R + n] =
                             lt > 0.0f ? m_run[k] + log2f(lt) : -INFINITY;
                 }
-                if (++cc_task < num_tasks) {
-                    tk = task(cc_task);
-                    cc_tile = tk.z;
-                    len = task_len(cc_task);
-                }
-            } else {
-                cc_tile++;
             }
+            bt.step(bt.cc);
         }
+        wg_wait0();
         cp_async_wait<0>();
     }
 };
 
-template <int N> __global__ void __launch_bounds__(128) dec_wg_kernel(const DecParams p)
+template <int N, int kSt, int kMinB, bool kDefer, bool kQStage>
+__global__ void __launch_bounds__(128, kMinB) dec_wg_kernel(const DecParams p)
 {
     extern __shared__ __align__(128) uint8_t dec_smem[];
     pdl_wait();
     pdl_trigger();
-    WgAttend<N>::run(p, dec_smem);
+    WgAttend<N, kSt, kMinB, kDefer, kQStage>::run(p, dec_smem);
 }
 
-template <int N> AttendVariant wg_variant()
+template <int N, int kSt, int kMinB, bool kDefer, bool kQStage = true> AttendVariant wg_variant()
 {
-    return AttendVariant{dec_wg_kernel<N>, WgAttend<N>::smem_bytes(), 128};
+    using W = WgAttend<N, kSt, kMinB, kDefer, kQStage>;
+    return AttendVariant{dec_wg_kernel<N, kSt, kMinB, kDefer, kQStage>, W::smem_bytes(), 128};
 }
+
+/* The kernel's forms (dec_wg_form_valid): stages 2..4 with P.V deferred, + 10 with P.V
+ * awaited at once (2 and 3 stages); 22: 2 stages, P.V at once, no query staging, 4 CTAs an SM
+ * up to N 32. The CTAs an SM the registers are capped for, where the shared memory holds
+ * them: 4 stages 2 CTAs; 3 stages 3 at N 16, else 2; 2 stages 4 at N 16, 3 at N 32, else 2. */
+template <int N> AttendVariant wg_variant_form(int form)
+{
+    constexpr int kMin3 = N <= 16 ? 3 : 2, kMin2 = N <= 16 ? 4 : N <= 32 ? 3 : 2;
+    switch (form) {
+    case 2:
+        return wg_variant<N, 2, kMin2, true>();
+    case 3:
+        return wg_variant<N, 3, kMin3, true>();
+    case 12:
+        return wg_variant<N, 2, kMin2, false>();
+    case 13:
+        return wg_variant<N, 3, kMin3, false>();
+    case 22:
+        return wg_variant<N, 2, (N <= 32 ? 4 : 2), false, false>();
+    default:
+        return wg_variant<N, 4, 1, true>();
+    }
+}
+
+AttendVariant wg_variant_rows(int rows, int form)
+{
+    if (rows <= 16)
+        return wg_variant_form<16>(form);
+    if (rows <= 32)
+        return wg_variant_form<32>(form);
+    if (rows <= 48)
+        return wg_variant_form<48>(form);
+    if (rows <= 64)
+        return wg_variant_form<64>(form);
+    return AttendVariant{nullptr, 0, 0};
+}
+
+const int kForms[6] = {2, 3, 4, 12, 13, 22};
 
 } /* namespace */
+
+bool dec_wg_form_valid(int form)
+{
+    for (int f : kForms)
+        if (f == form)
+            return true;
+    return false;
+}
+
+/* Set by tkvk__decode_wg_form() (benchmarks, tests): the warpgroup kernel's form in plans
+ * made and steps launched from now on; 0 the launcher's choice (dec_wg_default_form). */
+int g_wg_form = 0;
 
 AttendVariant dec_wg_variant(int head_dim, int rows)
 {
     if (head_dim != 128 || rows < 1)
         return AttendVariant{nullptr, 0, 0};
-    if (rows <= 16)
-        return wg_variant<16>();
-    if (rows <= 32)
-        return wg_variant<32>();
-    if (rows <= 48)
-        return wg_variant<48>();
-    if (rows <= 64)
-        return wg_variant<64>();
-    return AttendVariant{nullptr, 0, 0};
+    return wg_variant_rows(rows, g_wg_form ? g_wg_form : dec_wg_default_form(rows));
+}
+
+cudaError_t dec_wg_set_smem(void)
+{
+    for (int form : kForms)
+        for (int rows = 16; rows <= 64; rows += 16) {
+            AttendVariant v = wg_variant_rows(rows, form);
+            cudaError_t e = cudaFuncSetAttribute(
+                (const void *)v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)v.smem);
+            if (e != cudaSuccess)
+                return e;
+        }
+    return cudaSuccess;
 }
 
 } /* namespace tkvk_dec */
+
+extern "C" void tkvk__decode_wg_form(int form)
+{
+    tkvk_dec::g_wg_form = tkvk_dec::dec_wg_form_valid(form) ? form : 0;
+}

@@ -756,13 +756,34 @@ int main(void)
                   2, gq32[i][0], gq32[i][1], {P + 1, 0, 1, 31, 32, 33, 4097, 300 + rnd_int(2500)}};
         run_case(c, s, i == 0);
     }
-    /* 9..64 rows at head dim 128 (q_len 2..8 of a group of 8 and odd counts) through the
-     * warpgroup kernel (TKVK__DEC_WG: every N it pads to, 16-64), then the same shapes through
-     * the launcher's choice without it: both scale modes, every page size. */
-    static const int gqw[6][2] = {{8, 2}, {8, 3}, {8, 4}, {8, 5}, {8, 8}, {3, 7}};
+    /* 8..64 rows at head dim 128 (q_len 1..8 of a group of 8 and odd counts) through the
+     * warpgroup kernel (TKVK__DEC_WG: every N it pads to, 16-64, and its forms), then the same
+     * shapes through the launcher's choice without it: both scale modes, every page size. */
+    static const int gqw[7][2] = {{8, 2}, {8, 3}, {8, 4}, {8, 5}, {8, 8}, {3, 7}, {8, 1}};
     for (int which = TKVK__DEC_WG; which >= TKVK__DEC_LEGACY; which--) {
         tkvk__decode_kernel(which);
-        for (int i = 0; i < 6; i++) {
+        for (int i = 0; i < 7; i++) {
+            if (which == TKVK__DEC_WG) {
+                /* and in its other forms (fewer stages and more CTAs an SM; P.V awaited at
+                 * once; no query staging): 12 and 22 on every shape, the others on every
+                 * other shape */
+                static const int forms[5] = {12, 22, 2, 3, 13};
+                for (int fi = 0; fi < 5; fi++) {
+                    const int st = forms[fi];
+                    if (fi >= 2 && (i + fi) % 2)
+                        continue;
+                    tkvk__decode_wg_form(st);
+                    int P = pages[(i + st) % 4];
+                    Case c = {128, P, TKVK_DTYPE_FP8_E4M3,
+                              (i + st) % 2 ? TKVK_SCALE_PER_TOKEN_HEAD : TKVK_SCALE_PER_TENSOR,
+                              TKVK_DTYPE_FP8_E4M3, 1 + (i + st) % 3, gqw[i][0], gqw[i][1],
+                              {P + 1, 0, 1, 31, 32, 33, 4097, 300 + rnd_int(2500),
+                               gqw[i][1] - 1, 64 + rnd_int(200)}};
+                    printf("warpgroup kernel, form %d:\n", st);
+                    run_case(c, s, false);
+                }
+                tkvk__decode_wg_form(0);
+            }
             int P = pages[i % 4];
             Case c = {128, P, TKVK_DTYPE_FP8_E4M3,
                       i % 2 ? TKVK_SCALE_PER_TOKEN_HEAD : TKVK_SCALE_PER_TENSOR,
