@@ -551,30 +551,39 @@ static void pe_changed(tkv_store *s, tkv_entry *e, int t)
     s->tiers[t].ops->changed(pstate_of(s, t, e->tenant), &e->pe[t]);
 }
 
-/* Pins change the policies' candidate sets only when they cross zero. */
-static void entry_pin(tkv_store *s, tkv_entry *e)
+/* The pins that hold e's copy in tier t: all of them, except that write-back (F_WB, set
+ * before its pin is taken and cleared before it is dropped) needs only the L2 copy, so an L1
+ * copy may leave meanwhile (an engine committing at its L1 quota would otherwise find its own
+ * blocks unevictable until they are durable). */
+static uint32_t pins_in(const tkv_entry *e, int t)
 {
-    e->pins++;
+    return e->pins - (t == TKV_TIER_L1 && (e->flags & F_WB) ? 1u : 0u);
+}
+
+/* Each tier's view of e's pins; a policy's candidate set changes only when one crosses zero. */
+static void pins_changed(tkv_store *s, tkv_entry *e)
+{
     for (int t = TKV_TIER_L1; t < TKV_NUM_TIERS; t++) {
         if (!(e->resident & RES(t)))
             continue;
-        e->pe[t].pinned = e->pins;
-        if (e->pins == 1)
+        bool was = e->pe[t].pinned != 0;
+        e->pe[t].pinned = pins_in(e, t);
+        if (was != (e->pe[t].pinned != 0))
             pe_changed(s, e, t);
     }
+}
+
+static void entry_pin(tkv_store *s, tkv_entry *e)
+{
+    e->pins++;
+    pins_changed(s, e);
 }
 
 static void entry_unpin(tkv_store *s, tkv_entry *e)
 {
     TKV_ASSERT(e->pins > 0);
     e->pins--;
-    for (int t = TKV_TIER_L1; t < TKV_NUM_TIERS; t++) {
-        if (!(e->resident & RES(t)))
-            continue;
-        e->pe[t].pinned = e->pins;
-        if (e->pins == 0)
-            pe_changed(s, e, t);
-    }
+    pins_changed(s, e);
     if (e->pins == 0 && !e->linked) {
         TKV_ASSERT(e->resident == 0);
         tkv_entry_free(e);
@@ -589,7 +598,7 @@ static void tier_enter(tkv_store *s, tkv_entry *e, int t, uint64_t now_ns)
     memset(pe, 0, sizeof(*pe));
     pe->key_fp = tkv_key_fp(&e->key);
     pe->depth = e->depth;
-    pe->pinned = e->pins;
+    pe->pinned = pins_in(e, t);
     tkv_entry *p = e->parent;
     if (p && (p->resident & RES(t))) {
         pe->parent = &p->pe[t];
@@ -730,7 +739,7 @@ static int l1_reserve(tkv_store *s, unsigned tn, size_t held, size_t want, uint6
         tkv_entry *e = tier_victim(s, TKV_TIER_L1, tn, at_quota, false);
         if (!e)
             return TKV_EFULL;
-        TKV_ASSERT(e->pins == 0 && (e->resident & RES(TKV_TIER_L1)));
+        TKV_ASSERT(pins_in(e, TKV_TIER_L1) == 0 && (e->resident & RES(TKV_TIER_L1)));
         if (e->tenant == tn && (ta->max[TKV_TIER_L1] || r))
             ta->own_evictions++;
         tier_leave(s, e, TKV_TIER_L1);

@@ -522,6 +522,42 @@ END_TEST
  * the store closes, and reopens with the two ids swapped (the config reordered) and a quota
  * for alpha. Each tenant holds its own blocks from the start, the other's lookup misses them,
  * and alpha's quota counts them. */
+/* With L3 written through, a block committed into L1 is pinned for its write-back, which
+ * needs only its L2 copy: a tenant at its L1 quota committing block after block must be able
+ * to evict its own L1 blocks at once, not find them unevictable until they are durable (an
+ * engine's allocation then failed with "nothing evictable"). */
+START_TEST(test_l1_quota_under_write_back)
+{
+    char dir[] = "/tmp/tkv-l1wb-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    tkv_store_opts *o = tkv_store_opts_new();
+    ck_assert_int_eq(tkv_store_opts_set_l3(o, dir, 0), TKV_OK);
+    ck_assert_int_eq(tkv_store_opts_set_write_through(o, true), TKV_OK);
+    ck_assert_int_eq(tkv_store_opts_set_l1(o, L1B, &g_hl1, NULL), TKV_OK);
+    ck_assert_int_eq(tkv_store_opts_set_l1_region(o, 1, 8), TKV_OK);
+    ck_assert_int_eq(tkv_store_opts_set_tenant_quota(o, 1, TKV_TIER_L1, 4, 0), TKV_OK);
+    tkv_store *s = g_l1store = open_store(o);
+    g_l1nreg = tkv_store_l1_num_regions(s);
+    for (unsigned r = 0; r < g_l1nreg; r++)
+        ck_assert_int_eq(tkv_store_l1_region_at(s, r, &g_l1first[r], &g_l1size[r]), TKV_OK);
+    for (uint32_t i = 0; i < 200; i++) {
+        ck_assert_int_eq(l1_commit_one(s, 1, i, NULL), TKV_OK);
+        ck_assert_uint_le(held_in(s, 1, TKV_TIER_L1), 4);
+    }
+    ck_assert_int_eq(tkv_store_flush(s), TKV_OK);
+    tkv_block_loc loc;
+    ck_assert_uint_eq(lookup_as(s, 1, 1, 199, &loc), 1);
+    ck_assert(loc.in_l1 && loc.in_l3);
+    ck_assert_uint_eq(lookup_as(s, 1, 1, 0, &loc), 1); /* evicted from L1, durable below */
+    ck_assert(!loc.in_l1 && loc.in_l3);
+    tkv_store_close(s);
+    g_l1store = NULL;
+    char cmd[64];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 START_TEST(test_l3_recovery_keeps_tenants)
 {
     char dir[] = "/tmp/tkv-l3t-XXXXXX";
@@ -607,6 +643,7 @@ int main(void)
     tcase_add_test(tc, test_regions);
     tcase_add_test(tc, test_l3_quota);
     tcase_add_test(tc, test_l1_regions_and_quota);
+    tcase_add_test(tc, test_l1_quota_under_write_back);
     tcase_add_test(tc, test_l3_recovery_keeps_tenants);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
