@@ -518,10 +518,6 @@ START_TEST(test_l1_regions_and_quota)
 }
 END_TEST
 
-/* Blocks recovered from L3 are their tenant's: tenants "alpha" (id 1) and "beta" (id 2) put,
- * the store closes, and reopens with the two ids swapped (the config reordered) and a quota
- * for alpha. Each tenant holds its own blocks from the start, the other's lookup misses them,
- * and alpha's quota counts them. */
 /* With L3 written through, a block committed into L1 is pinned for its write-back, which
  * needs only its L2 copy: a tenant at its L1 quota committing block after block must be able
  * to evict its own L1 blocks at once, not find them unevictable until they are durable (an
@@ -558,6 +554,10 @@ START_TEST(test_l1_quota_under_write_back)
 }
 END_TEST
 
+/* Blocks recovered from L3 are their tenant's: tenants "alpha" (id 1) and "beta" (id 2) put,
+ * the store closes, and reopens with the two ids swapped (the config reordered) and a quota
+ * for alpha. Each tenant holds its own blocks from the start, the other's lookup misses them,
+ * and alpha's quota counts them. */
 START_TEST(test_l3_recovery_keeps_tenants)
 {
     char dir[] = "/tmp/tkv-l3t-XXXXXX";
