@@ -641,7 +641,7 @@ int tkvd_config_finish(tkvd_config *c, char *err, size_t err_len)
     /* Guaranteed L3 shares must all fit at once, or a guarantee could not be kept. */
     uint64_t guaranteed = 0, l3_blocks = c->block_bytes ? c->l3_capacity_bytes / c->block_bytes : 0;
     for (size_t i = 0; i < c->tenants.n; i++)
-        guaranteed += c->tenants.v[i]->guaranteed_l3_blocks;
+        guaranteed += c->tenants.v[i]->guaranteed[3];
     if (c->l3_capacity_bytes && guaranteed > l3_blocks) {
         set_err(err, err_len, "tenants' guaranteed_l3_blocks add up to %llu, more than the %llu "
                 "blocks of L3 (l3_capacity_bytes)", (unsigned long long)guaranteed,

@@ -434,14 +434,13 @@ static bool set_tenant_quotas(tkv_store_opts *so, const tkvd_config *cfg, uint64
         if (tkv_store_opts_set_l2_region(so, id, regions[i]) != TKV_OK ||
             tkv_store_opts_set_tenant_name(so, id, t->name) != TKV_OK)
             return false;
-        if ((t->quota_l3_blocks || t->guaranteed_l3_blocks) &&
-            tkv_store_opts_set_tenant_quota(so, id, TKV_TIER_L3, t->quota_l3_blocks,
-                                            t->guaranteed_l3_blocks) != TKV_OK)
+        if ((t->quota[3] || t->guaranteed[3]) &&
+            tkv_store_opts_set_tenant_quota(so, id, TKV_TIER_L3, t->quota[3],
+                                            t->guaranteed[3]) != TKV_OK)
             return false;
         if (l1_blocks && tkv_store_opts_set_l1_region(so, id, l1_regions[i]) != TKV_OK)
             return false;
-        if (t->quota_l4_blocks &&
-            tkv_store_opts_set_tenant_l4_quota(so, id, t->quota_l4_blocks) != TKV_OK)
+        if (t->quota[4] && tkv_store_opts_set_tenant_l4_quota(so, id, t->quota[4]) != TKV_OK)
             return false;
     }
     return true;

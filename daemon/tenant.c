@@ -108,6 +108,19 @@ static int hexval(char c)
     return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
 }
 
+/* The tier N of a block-count field, "quota_lN_blocks" (N 1..4, *is_quota) or
+ * "guaranteed_lN_blocks" (N 1..3: L4 has no guarantee, the cluster evicts); 0 for any other. */
+static int count_field(const char *field, bool *is_quota)
+{
+    *is_quota = strncmp(field, "quota_l", 7) == 0;
+    const char *rest = *is_quota ? field + 7
+                       : strncmp(field, "guaranteed_l", 12) == 0 ? field + 12 : NULL;
+    if (!rest || rest[0] < '1' || rest[0] > (*is_quota ? '4' : '3') ||
+        strcmp(rest + 1, "_blocks") != 0)
+        return 0;
+    return rest[0] - '0';
+}
+
 int tkvd_tenants_set(tkvd_tenants *t, const char *name, const char *field, const char *value,
                      const char *origin, char *err, size_t err_len)
 {
@@ -129,7 +142,8 @@ int tkvd_tenants_set(tkvd_tenants *t, const char *name, const char *field, const
         fresh = true;
     }
     char why[256] = "";
-    int rc = TKV_EINVAL;
+    int rc = TKV_EINVAL, tier;
+    bool is_quota;
     if (strcmp(field, "uid") == 0) {
         if (!parse_ids(value, tn->uids, &tn->num_uids, why, sizeof(why)))
             goto bad;
@@ -178,21 +192,8 @@ int tkvd_tenants_set(tkvd_tenants *t, const char *name, const char *field, const
             snprintf(why, sizeof(why), "'%s' is not a boolean (on/off)", value);
             goto bad;
         }
-    } else if (strcmp(field, "quota_l1_blocks") == 0 ||
-               strcmp(field, "guaranteed_l1_blocks") == 0 ||
-               strcmp(field, "quota_l2_blocks") == 0 ||
-               strcmp(field, "guaranteed_l2_blocks") == 0 ||
-               strcmp(field, "quota_l3_blocks") == 0 ||
-               strcmp(field, "guaranteed_l3_blocks") == 0 ||
-               strcmp(field, "quota_l4_blocks") == 0) {
-        /* Field names are "quota_lN_blocks" / "guaranteed_lN_blocks": N picks the tier. */
-        const char *l = strstr(field, "_l");
-        int tier = l[2] - '0';
-        bool q = field[0] == 'q';
-        uint64_t *slot = tier == 1 ? (q ? &tn->quota_l1_blocks : &tn->guaranteed_l1_blocks)
-                         : tier == 2 ? (q ? &tn->quota_l2_blocks : &tn->guaranteed_l2_blocks)
-                         : tier == 3 ? (q ? &tn->quota_l3_blocks : &tn->guaranteed_l3_blocks)
-                                     : &tn->quota_l4_blocks;
+    } else if ((tier = count_field(field, &is_quota)) != 0) {
+        uint64_t *slot = is_quota ? &tn->quota[tier] : &tn->guaranteed[tier];
         errno = 0;
         char *end = NULL;
         unsigned long long v = isdigit((unsigned char)value[0]) ? strtoull(value, &end, 10) : 0;
@@ -222,24 +223,14 @@ int tkvd_tenants_finish(const tkvd_tenants *t, char *err, size_t err_len)
 {
     for (size_t i = 0; i < t->n; i++) {
         const tkvd_tenant *a = t->v[i];
-        if (a->quota_l2_blocks && a->guaranteed_l2_blocks > a->quota_l2_blocks) {
-            set_err(err, err_len, "tenant.%s: guaranteed_l2_blocks %llu exceeds its "
-                    "quota_l2_blocks %llu", a->name, (unsigned long long)a->guaranteed_l2_blocks,
-                    (unsigned long long)a->quota_l2_blocks);
-            return TKV_EINVAL;
-        }
-        if (a->quota_l1_blocks && a->guaranteed_l1_blocks > a->quota_l1_blocks) {
-            set_err(err, err_len, "tenant.%s: guaranteed_l1_blocks %llu exceeds its "
-                    "quota_l1_blocks %llu", a->name, (unsigned long long)a->guaranteed_l1_blocks,
-                    (unsigned long long)a->quota_l1_blocks);
-            return TKV_EINVAL;
-        }
-        if (a->quota_l3_blocks && a->guaranteed_l3_blocks > a->quota_l3_blocks) {
-            set_err(err, err_len, "tenant.%s: guaranteed_l3_blocks %llu exceeds its "
-                    "quota_l3_blocks %llu", a->name, (unsigned long long)a->guaranteed_l3_blocks,
-                    (unsigned long long)a->quota_l3_blocks);
-            return TKV_EINVAL;
-        }
+        for (int tier = 1; tier <= 3; tier++)
+            if (a->quota[tier] && a->guaranteed[tier] > a->quota[tier]) {
+                set_err(err, err_len, "tenant.%s: guaranteed_l%d_blocks %llu exceeds its "
+                        "quota_l%d_blocks %llu", a->name, tier,
+                        (unsigned long long)a->guaranteed[tier], tier,
+                        (unsigned long long)a->quota[tier]);
+                return TKV_EINVAL;
+            }
         if (!a->num_uids && !a->num_gids && !a->num_subjects && !a->num_tokens) {
             set_err(err, err_len, "tenant.%s: names no identity (uid, gid, tls_subject or "
                     "token_sha256): nobody could act as it", a->name);
@@ -283,7 +274,7 @@ static int tier_regions(const tkvd_tenants *t, int tier, uint64_t total_blocks,
     uint64_t fixed = 0;
     size_t num_rest = 0;
     for (size_t i = 0; i < t->n; i++) {
-        uint64_t q = tier == 1 ? t->v[i]->quota_l1_blocks : t->v[i]->quota_l2_blocks;
+        uint64_t q = t->v[i]->quota[tier];
         fixed += q;
         num_rest += q == 0;
     }
@@ -296,8 +287,7 @@ static int tier_regions(const tkvd_tenants *t, int tier, uint64_t total_blocks,
     uint64_t share = num_rest ? (total_blocks - fixed) / num_rest : 0;
     for (size_t i = 0; i < t->n; i++) {
         const tkvd_tenant *a = t->v[i];
-        uint64_t q = tier == 1 ? a->quota_l1_blocks : a->quota_l2_blocks;
-        uint64_t g = tier == 1 ? a->guaranteed_l1_blocks : a->guaranteed_l2_blocks;
+        uint64_t q = a->quota[tier], g = a->guaranteed[tier];
         regions[i] = q ? q : share;
         if (regions[i] == 0) {
             set_err(err, err_len, "tenant.%s: no %s left for its region (%s %llu blocks, the "
@@ -387,27 +377,14 @@ void tkvd_tenants_print(const tkvd_tenants *t, FILE *f)
             fprintf(f, "tenant.%s.admin = on\n", a->name);
         if (a->map_pool)
             fprintf(f, "tenant.%s.map_pool = on\n", a->name);
-        if (a->quota_l1_blocks)
-            fprintf(f, "tenant.%s.quota_l1_blocks = %llu\n", a->name,
-                    (unsigned long long)a->quota_l1_blocks);
-        if (a->guaranteed_l1_blocks)
-            fprintf(f, "tenant.%s.guaranteed_l1_blocks = %llu\n", a->name,
-                    (unsigned long long)a->guaranteed_l1_blocks);
-        if (a->quota_l2_blocks)
-            fprintf(f, "tenant.%s.quota_l2_blocks = %llu\n", a->name,
-                    (unsigned long long)a->quota_l2_blocks);
-        if (a->guaranteed_l2_blocks)
-            fprintf(f, "tenant.%s.guaranteed_l2_blocks = %llu\n", a->name,
-                    (unsigned long long)a->guaranteed_l2_blocks);
-        if (a->quota_l3_blocks)
-            fprintf(f, "tenant.%s.quota_l3_blocks = %llu\n", a->name,
-                    (unsigned long long)a->quota_l3_blocks);
-        if (a->guaranteed_l3_blocks)
-            fprintf(f, "tenant.%s.guaranteed_l3_blocks = %llu\n", a->name,
-                    (unsigned long long)a->guaranteed_l3_blocks);
-        if (a->quota_l4_blocks)
-            fprintf(f, "tenant.%s.quota_l4_blocks = %llu\n", a->name,
-                    (unsigned long long)a->quota_l4_blocks);
+        for (int tier = 1; tier <= 4; tier++) {
+            if (a->quota[tier])
+                fprintf(f, "tenant.%s.quota_l%d_blocks = %llu\n", a->name, tier,
+                        (unsigned long long)a->quota[tier]);
+            if (a->guaranteed[tier])
+                fprintf(f, "tenant.%s.guaranteed_l%d_blocks = %llu\n", a->name, tier,
+                        (unsigned long long)a->guaranteed[tier]);
+        }
         for (size_t j = 0; j < a->num_tokens; j++) {
             fprintf(f, "tenant.%s.token_sha256 = ", a->name);
             for (int k = 0; k < TKVD_TOKEN_HASH_BYTES; k++)

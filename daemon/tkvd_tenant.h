@@ -37,16 +37,14 @@ typedef struct tkvd_tenant {
     bool admin;         /* may list, flush, verify and evict every tenant's blocks */
     bool map_pool;      /* its engines are trusted with its L1 blocks: they may map its own L1
                          * region (CUDA IPC maps read-write) and place blocks in L1 */
-    uint64_t quota_l1_blocks;       /* the size of its own L1 region (0 = an equal share of
-                                     * what the quotas leave) */
-    uint64_t guaranteed_l1_blocks;  /* accepted up to the region: the region is all its own */
-    uint64_t quota_l2_blocks;       /* the size of its own L2 region (0 = an equal share of
-                                     * what the quotas leave) */
-    uint64_t guaranteed_l2_blocks;  /* accepted up to the region: the region is all its own */
-    uint64_t quota_l3_blocks;       /* the most L3 blocks it may hold (0 = no limit) */
-    uint64_t guaranteed_l3_blocks;  /* L3 blocks no other tenant's load evicts (0 = none) */
-    uint64_t quota_l4_blocks;       /* the most blocks it may put into L4 from this daemon
-                                     * (0 = no limit); no guarantee: the cluster evicts */
+    /* quota_lN_blocks / guaranteed_lN_blocks, by tier N (index 0 unused):
+     *   L1, L2: the size of its own region (0 = an equal share of what the quotas leave);
+     *           a guarantee is accepted up to the region (the region is all its own);
+     *   L3:     the most blocks it may hold (0 = no limit), and the blocks no other tenant's
+     *           load evicts (0 = none);
+     *   L4:     the most blocks it may put into L4 from this daemon (0 = no limit); no
+     *           guarantee (always 0): the cluster evicts. */
+    uint64_t quota[5], guaranteed[5];
 } tkvd_tenant;
 
 /* The tenant id of its blocks in the store (tkv_store_put_as): index + 1, 0 = no tenant. */

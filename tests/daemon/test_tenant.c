@@ -37,15 +37,14 @@ START_TEST(parses_and_maps_peers)
     ck_assert_uint_eq(a->num_uids, 3);
     ck_assert_int_eq(set(&c, "tenant.a.quota_l2_blocks", "40", err), TKV_OK);
     ck_assert_int_eq(set(&c, "tenant.a.guaranteed_l2_blocks", "8", err), TKV_OK);
-    ck_assert(a->quota_l2_blocks == 40 && a->guaranteed_l2_blocks == 8);
+    ck_assert(a->quota[2] == 40 && a->guaranteed[2] == 8);
     ck_assert_int_eq(set(&c, "tenant.a.quota_l3_blocks", "400", err), TKV_OK);
     ck_assert_int_eq(set(&c, "tenant.a.guaranteed_l3_blocks", "80", err), TKV_OK);
-    ck_assert(a->quota_l3_blocks == 400 && a->guaranteed_l3_blocks == 80);
+    ck_assert(a->quota[3] == 400 && a->guaranteed[3] == 80);
     ck_assert_int_eq(set(&c, "tenant.a.quota_l1_blocks", "16", err), TKV_OK);
     ck_assert_int_eq(set(&c, "tenant.a.guaranteed_l1_blocks", "4", err), TKV_OK);
     ck_assert_int_eq(set(&c, "tenant.a.quota_l4_blocks", "5000", err), TKV_OK);
-    ck_assert(a->quota_l1_blocks == 16 && a->guaranteed_l1_blocks == 4 &&
-              a->quota_l4_blocks == 5000);
+    ck_assert(a->quota[1] == 16 && a->guaranteed[1] == 4 && a->quota[4] == 5000);
     ck_assert_uint_eq(tkvd_tenant_store_id(a), a->index + 1);
     /* L2 regions: a's quota, the others an equal share of the rest */
     uint64_t regions[3];
