@@ -790,7 +790,9 @@ static void engine_ta2(void)
     exit(0);
 }
 
-/* Runs fn in a child as uid/gid `uid`. */
+#define SAME_USER ((uid_t)-1)
+
+/* Runs fn in a child, as uid/gid `uid` unless SAME_USER; returns its exit status. */
 static int run_child_as(uid_t uid, void (*fn)(void))
 {
     fflush(NULL);
@@ -798,8 +800,9 @@ static int run_child_as(uid_t uid, void (*fn)(void))
     if (p < 0)
         return -1;
     if (p == 0) {
-        alarm(DEADLINE_S);
-        if (setgroups(0, NULL) != 0 || setgid(uid) != 0 || setuid(uid) != 0) {
+        alarm(DEADLINE_S); /* a child has its own alarm: the parent's is not inherited */
+        if (uid != SAME_USER &&
+            (setgroups(0, NULL) != 0 || setgid(uid) != 0 || setuid(uid) != 0)) {
             fprintf(stderr, "FAIL cannot become uid %u: %s\n", (unsigned)uid, strerror(errno));
             _exit(1);
         }
@@ -892,21 +895,7 @@ static void show_log(void)
 
 static int run_child(void (*fn)(void))
 {
-    fflush(NULL);
-    pid_t p = fork();
-    if (p < 0)
-        return -1;
-    if (p == 0) {
-        alarm(DEADLINE_S); /* a child has its own alarm: the parent's is not inherited */
-        fn();
-        _exit(1);
-    }
-    g_child = p;
-    int st = 0;
-    while (waitpid(p, &st, 0) < 0 && errno == EINTR)
-        ;
-    g_child = 0;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return run_child_as(SAME_USER, fn);
 }
 
 static void probe_daemon(void)
