@@ -173,11 +173,17 @@ def run():
             r = as_uid(UID_A, "store", dict(tokens=tok, blocks=[payload(62, i, bb).hex()
                                                                 for i in range(4)]))
             check(r["put"] == 4, f"a's second put: {r}")
+            # room is made when the put is admitted; the 4 new blocks reach L3 later
+            # (written through asynchronously), so wait for both before reading the count
             end = time.monotonic() + 30
-            while metrics()['tierkv_tenant_own_evictions_total{tenant="a"}'] < own0 + 4:
-                check(time.monotonic() < end, f"a's quota made no own evictions: {metrics()}")
+            while True:
+                m = metrics()
+                if (m['tierkv_tenant_own_evictions_total{tenant="a"}'] >= own0 + 4 and
+                        m['tierkv_tenant_blocks{tenant="a",tier="l3"}'] >= QUOTA_A_L3):
+                    break
+                check(time.monotonic() < end, f"a's quota made no own evictions, or its new "
+                      f"blocks did not reach L3: {m}")
                 time.sleep(0.05)
-            m = metrics()
             a3 = m['tierkv_tenant_blocks{tenant="a",tier="l3"}']
             own = m['tierkv_tenant_own_evictions_total{tenant="a"}'] - own0
             check(a3 == QUOTA_A_L3, f"a holds {a3} L3 blocks, quota {QUOTA_A_L3}")
