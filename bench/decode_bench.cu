@@ -35,8 +35,10 @@
  *   --lean   only dynamic, static and HPC-Ops (no flushed replays, sweeps or other kernels)
  *   --public only the nine public cases
  *   --wg-forms  time the warpgroup kernel (at every row count, not only past 8) in each of
- *            these forms (tkvk__decode_wg_form: 2, 3, 4 stages, 12, 13, 22; 0 the launcher's
- *            choice), each with its own plan, instead of only the launcher's
+ *            these forms (tkvk__decode_wg_form: 2, 3, 4 stages, 12, 13, 22, 32, 34; 0 the
+ *            launcher's choice), each with its own plan, instead of only the launcher's; form
+ *            1 is the launcher's choice without the warpgroup kernel (TKVK__DEC_LEGACY: the
+ *            warp-worker kernel up to 32 rows), timed in the same turns
  * Exit 77 when no GPU is present.
  */
 #include <cuda_runtime.h>
@@ -485,8 +487,8 @@ static Row run(const BenchCase &bc, int hq, int hkv, int q_len, cudaStream_t s)
     const bool wg_on = (hq / hkv) * q_len > 8 || g_wg_n > 1;
     if (wg_on) {
         CK(cudaMalloc((void **)&d_out4, qn * 2 * g_wg_n));
-        tkvk__decode_kernel(TKVK__DEC_WG);
         for (int k = 0; k < g_wg_n; k++) {
+            tkvk__decode_kernel(g_wg_list[k] == 1 ? TKVK__DEC_LEGACY : TKVK__DEC_WG);
             tkvk__decode_wg_form(g_wg_list[k]);
             TK(tkvk_decode_plan_create(&wg_plan[k], nreq, hkv, (hq / hkv) * q_len, D));
             TK(tkvk_decode_plan_cuda(wg_plan[k], d_lens, nreq, s));

@@ -9,9 +9,10 @@
  *   plan     one CTA reads kv_lens, cuts every (request, KV head) into 64-token tiles, lays
  *            all tiles end to end, cuts that sequence into bins of max(ceil(tiles/grid), floor)
  *            tiles, and writes one task per (pair, bin) intersection.
- *   attend   a persistent grid of workers (a worker is a warp in the warp-worker kernel, the
- *            fast path for FP8 Q over FP8 KV with up to 32 rows per pair; a CTA in the CTA
- *            kernel, every other shape): worker i drains bin i as one stream of tiles
+ *   attend   a persistent grid of workers (a worker is a warp in the warp-worker kernel, FP8
+ *            Q over FP8 KV with up to 16 rows per pair; a one-warpgroup CTA in the warpgroup
+ *            kernel, the same at D 128 with 17..64 rows; a CTA in the CTA kernel, every other
+ *            shape): worker i drains bin i as one stream of tiles
  *            (cp.async, 2-4 stages deep, prefetching across task boundaries); at the end of a
  *            task it writes the partial O (normalised, f32) and its base-2 LSE.
  *   combine  merges each (request, KV head, row)'s partials with the global softmax and
@@ -53,26 +54,25 @@ int dec_fit_warps(size_t smem, int optin, int want)
     return w < 1 ? 1 : w;
 }
 
-/* The warpgroup kernel in the launcher's choice: past 32 rows (q_len 5..8 of a GQA group of
- * 8), where on an H200 it took 0.61-1.03x the CTA kernel's time (median 0.74, faster on 34 of
- * the 36 public rows; docs/perf.md, decode). At 9..32 rows no form of it was ahead of the
- * warp-worker kernel on every case: form 12 took 0.76-1.02x its time at 8/1 heads but up to
- * 1.33x at 64/8 and 1.3-1.6x on one huge request or 256 short ones (either head config), and
- * the launcher cannot see the lengths, so the warp-worker kernel stays there. Also wherever
- * asked for (TKVK__DEC_WG: tests, benchmarks); never under the other forced choices. */
+/* The warpgroup kernel in the launcher's choice: past 16 rows (q_len 3..8 of a GQA group of
+ * 8). On an H200 (docs/perf.md, decode) its form 32 took 0.83-0.91x form 12's time at q_len
+ * 5 and 8 (geometric means) and, at 17..32 rows, 0.86-1.00x the warp-worker kernel's (0.71x
+ * on one long request among short ones, up to 1.33x on many short ones at 64/8 heads); at
+ * 9..16 rows it was ahead at 8/1 heads but behind at 64/8, and the launcher cannot see the
+ * lengths, so the warp-worker kernel keeps those. Also wherever asked for (TKVK__DEC_WG:
+ * tests, benchmarks); never under the other forced choices. */
 bool dec_wg_wanted(int rows, int which)
 {
-    return which == TKVK__DEC_WG || (which == TKVK__DEC_AUTO && rows > 32);
+    return which == TKVK__DEC_WG || (which == TKVK__DEC_AUTO && rows > 16);
 }
 
-/* The warpgroup kernel's form (tkvk__decode_wg_form): 12, two stages with each tile's P.V
- * awaited at once. On an H200 at q_len 5 and 8 (docs/perf.md) it was within 2-5% of form 3
- * (geometric means 0.96-1.00 of its time) and 1.5x faster than 4 stages, whose query staging
- * leaves one CTA an SM at 48-64 rows. */
+/* The warpgroup kernel's form (tkvk__decode_wg_form): 32, two stages, each tile's P.V
+ * awaited at once, the running maximum kept while a tile's scores stay within 8 of it (no
+ * exchange of the maximum, no barrier for it and no rescaling of O on such tiles). */
 int dec_wg_default_form(int rows)
 {
     (void)rows;
-    return 12;
+    return 32;
 }
 
 /* FP8 Q over FP8 KV at D 128 with 1..64 rows runs the warpgroup kernel where dec_wg_wanted();
@@ -80,8 +80,7 @@ int dec_wg_default_form(int rows)
  * the CTA kernel with 4 warps (8 past 64 rows). */
 AttendVariant pick_variant(int head_dim, bool fp8, int rows, bool q8, int which)
 {
-    if (fp8 && q8 && head_dim == 128 && (rows > 8 || which == TKVK__DEC_WG) &&
-        dec_wg_wanted(rows, which)) {
+    if (fp8 && q8 && head_dim == 128 && dec_wg_wanted(rows, which)) {
         AttendVariant v = dec_wg_variant(head_dim, rows);
         if (v.fn)
             return v;

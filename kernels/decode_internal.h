@@ -126,7 +126,7 @@ int tkvk__decode_check_host(const tkvk_decode_args *a, const char *who);
  *          m-tiles of 16 rows, instead of two warps of one m-tile each
  *   LEGACY the launcher's choice without the warpgroup kernel (what it was before it)
  *   WG     the warpgroup kernel wherever it applies (FP8 Q over FP8 KV, D 128, 1..64 rows;
- *          the launcher's choice takes it past 32 rows only; its form: tkvk__decode_wg_form) */
+ *          the launcher's choice takes it past 16 rows only; its form: tkvk__decode_wg_form) */
 enum {
     TKVK__DEC_AUTO = 0,
     TKVK__DEC_CTA = 1,
@@ -147,8 +147,9 @@ void tkvk__decode_cta_warps(int warps);
 /* Benchmarks and tests: the warpgroup kernel's form in plans made and steps launched from now
  * on: 2, 3 or 4 K/V stages (fewer stages, more CTAs an SM), each tile's P.V awaited after the
  * next tile's Q.K; 12, 13: 2 or 3 stages, P.V awaited at once; 22: 2 stages, P.V at once,
- * queries read at each task's start (less shared memory, 4 CTAs an SM up to 32 rows); 0 (or
- * any other value) the launcher's choice. */
+ * queries read at each task's start (less shared memory, 4 CTAs an SM up to 32 rows); 32:
+ * form 12 with the running maximum kept while a tile's scores stay within 8 of it (the
+ * launcher's), 34: within 0; 0 (or any other value) the launcher's choice. */
 void tkvk__decode_wg_form(int form);
 
 #ifdef __cplusplus

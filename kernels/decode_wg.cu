@@ -1,7 +1,8 @@
 /* decode_wg.cu - the warpgroup kernel of decode attention: FP8 Q over FP8 KV at head dim 128
  * with 1..64 rows a pair (q_len 2..8 of a GQA group of 8: MTP and speculative verify); the
- * launcher takes it in place of the CTA kernel at 33..64 rows, where it was timed faster
- * (dec_wg_wanted, decode.cu; docs/perf.md), and anywhere it applies when asked for
+ * launcher takes it at 17..64 rows, where it was timed faster than the warp-worker kernel
+ * (17..32) and the CTA kernel (33..64) (dec_wg_wanted, decode.cu; docs/perf.md), and anywhere
+ * it applies when asked for
  * (TKVK__DEC_WG). A CTA is one warpgroup (4 warps) that drains its bin of 64-token tiles
  * through the CTA kernel's cp.async ring (BinTiles: the same loader, the same partials by
  * task; a task's queries copied with its first tile, so its start waits on no load); the
@@ -13,8 +14,10 @@
  *   P.V     O^T = V^T P^T: m64nNk16 f16, A = V^T from registers (V converted in pairs of
  *           tokens), B = P^T (f16) in shared memory; two m64 blocks for D = 128.
  * The softmax is per column (a query row) of S^T: a column's 64 tokens lie in the 8 lanes of a
- * quad position and the 4 warps, so its tile maximum goes through shared memory (one barrier);
- * the running sum stays per thread until the end of the task.
+ * quad position and the 4 warps, so its tile maximum goes through shared memory (one barrier;
+ * the launcher's form skips that, and O's rescaling, on a tile whose scores all stay within 8
+ * of the running maximum: P is then taken against the old maximum, at most 2^8, exact enough
+ * in f16); the running sum stays per thread until the end of the task.
  * Layouts in shared memory:
  *   K tile  token t = 16a + 2b + h at row 16a + b + 8h, so that the accumulator rows g, g + 8
  *           of a lane are the consecutive tokens 2g, 2g + 1 (its P^T pair is one 32-bit
@@ -157,8 +160,13 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t addr)
  * the registers are capped for (__launch_bounds__); kDefer: a tile's P.V is awaited only
  * after the next tile's Q.K (more registers live), else at once; kQStage: a task's queries
  * come with its first tile (per-stage staging in shared memory), else they are read at the
- * task's start. */
-template <int N, int kSt, int kMinB, bool kDefer, bool kQStage = true> struct WgAttend {
+ * task's start; kLead >= 0: the running maximum is kept while no score of a tile passes it by
+ * more than kLead (base 2: P then up to 2^kLead, exact in f16 and f32), decided by the vote of
+ * the barrier that publishes P^T, so such a tile needs neither the maximum's exchange through
+ * shared memory and its barrier nor O's rescaling; a tile that passes it, and a task's first,
+ * redo the softmax with the exchange. */
+template <int N, int kSt, int kMinB, bool kDefer, bool kQStage = true, int kLead = -1>
+struct WgAttend {
     static constexpr int D = 128;
     using L = Attend<D, true, 4, true>; /* the CTA kernel: its loader (fetch_blocks, issue_tile) */
     using S = Shape<D, true>;
@@ -176,6 +184,7 @@ template <int N, int kSt, int kMinB, bool kDefer, bool kQStage = true> struct Wg
     static constexpr int kOffMax = kOffQsc + (kQStage ? kStages * N * 4 : 0);
     static constexpr int kOffL = kOffMax + 4 * N * 4, kOffMul = kOffL + 4 * N * 4;
     static constexpr int kOffLim = kOffMul + N * 4, kEnd = kOffLim + N * 4;
+    static constexpr bool kLazy = kLead >= 0;
     static_assert(L::kThreads == 128 && L::kRowsPerThread == 4, "one warpgroup, 4 rows a thread");
     static_assert(kStages >= 2 && kStages <= 4, "2..4 stages");
     static_assert(kOffQ % 1024 == 0 && kQTile % 1024 == 0 && kOffP % 1024 == 0,
@@ -410,6 +419,31 @@ template <int N, int kSt, int kMinB, bool kDefer, bool kQStage = true> struct Wg
                 sc[i1] = v1;
                 mx[k] = fmaxf(v0, v1);
             }
+            bool exact = true;
+            if (kLazy) {
+                /* P against the running maximum; kept unless a score passes it by more than
+                 * kLead (or the task starts here), by the vote of P^T's barrier */
+                bool over = cc_tile == bt.cc.tk.z;
+                float pl[kNC][2];
+#pragma unroll
+                for (int k = 0; k < kNC; k++) {
+                    const int n = 8 * (k >> 1) + 2 * c + (k & 1);
+                    const int i0 = 4 * (k >> 1) + (k & 1), i1 = i0 + 2;
+                    const float m_ref = m_run[k] == -INFINITY ? 0.0f : m_run[k];
+                    over |= mx[k] > m_ref + (float)kLead;
+                    pl[k][0] = fast_exp2(sc[i0] - m_ref);
+                    pl[k][1] = fast_exp2(sc[i1] - m_ref);
+                    sts32(sP + sw128(n, 2 * tok0), pack2<true>(pl[k][0], pl[k][1]));
+                }
+                fence_async_smem();
+                exact = __syncthreads_or(over);
+                if (!exact) {
+#pragma unroll
+                    for (int k = 0; k < kNC; k++)
+                        l_run[k] += pl[k][0] + pl[k][1];
+                }
+            }
+            if (exact) {
 #pragma unroll
             for (int k = 0; k < kNC; k++) {
 #pragma unroll
@@ -445,6 +479,7 @@ template <int N, int kSt, int kMinB, bool kDefer, bool kQStage = true> struct Wg
                     o[b][e] *= alpha[2 * (e >> 2) + (e & 1)];
             fence_async_smem();
             __syncthreads();
+            }
 
             /* ---- O^T += V^T P^T on the tensor cores ---- */
             wg_fence();
@@ -506,25 +541,29 @@ template <int N, int kSt, int kMinB, bool kDefer, bool kQStage = true> struct Wg
     }
 };
 
-template <int N, int kSt, int kMinB, bool kDefer, bool kQStage>
+template <int N, int kSt, int kMinB, bool kDefer, bool kQStage, int kLead>
 __global__ void __launch_bounds__(128, kMinB) dec_wg_kernel(const DecParams p)
 {
     extern __shared__ __align__(128) uint8_t dec_smem[];
     pdl_wait();
     pdl_trigger();
-    WgAttend<N, kSt, kMinB, kDefer, kQStage>::run(p, dec_smem);
+    WgAttend<N, kSt, kMinB, kDefer, kQStage, kLead>::run(p, dec_smem);
 }
 
-template <int N, int kSt, int kMinB, bool kDefer, bool kQStage = true> AttendVariant wg_variant()
+template <int N, int kSt, int kMinB, bool kDefer, bool kQStage = true, int kLead = -1>
+AttendVariant wg_variant()
 {
-    using W = WgAttend<N, kSt, kMinB, kDefer, kQStage>;
-    return AttendVariant{dec_wg_kernel<N, kSt, kMinB, kDefer, kQStage>, W::smem_bytes(), 128};
+    using W = WgAttend<N, kSt, kMinB, kDefer, kQStage, kLead>;
+    return AttendVariant{dec_wg_kernel<N, kSt, kMinB, kDefer, kQStage, kLead>, W::smem_bytes(),
+                         128};
 }
 
 /* The kernel's forms (dec_wg_form_valid): stages 2..4 with P.V deferred, + 10 with P.V
  * awaited at once (2 and 3 stages); 22: 2 stages, P.V at once, no query staging, 4 CTAs an SM
- * up to N 32. The CTAs an SM the registers are capped for, where the shared memory holds
- * them: 4 stages 2 CTAs; 3 stages 3 at N 16, else 2; 2 stages 4 at N 16, 3 at N 32, else 2. */
+ * up to N 32; 32: form 12 with the running maximum kept within 8 (kLead), the launcher's; 34:
+ * within 0 (every tile whose maximum rises redoes its softmax, so the tests run both paths).
+ * The CTAs an SM the registers are capped for, where the shared memory holds them: 4 stages 2
+ * CTAs; 3 stages 3 at N 16, else 2; 2 stages 4 at N 16, 3 at N 32, else 2. */
 template <int N> AttendVariant wg_variant_form(int form)
 {
     constexpr int kMin3 = N <= 16 ? 3 : 2, kMin2 = N <= 16 ? 4 : N <= 32 ? 3 : 2;
@@ -539,6 +578,10 @@ template <int N> AttendVariant wg_variant_form(int form)
         return wg_variant<N, 3, kMin3, false>();
     case 22:
         return wg_variant<N, 2, (N <= 32 ? 4 : 2), false, false>();
+    case 32:
+        return wg_variant<N, 2, kMin2, false, true, 8>();
+    case 34:
+        return wg_variant<N, 2, kMin2, false, true, 0>();
     default:
         return wg_variant<N, 4, 1, true>();
     }
@@ -557,7 +600,7 @@ AttendVariant wg_variant_rows(int rows, int form)
     return AttendVariant{nullptr, 0, 0};
 }
 
-const int kForms[6] = {2, 3, 4, 12, 13, 22};
+const int kForms[8] = {2, 3, 4, 12, 13, 22, 32, 34};
 
 } /* namespace */
 

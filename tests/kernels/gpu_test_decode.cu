@@ -765,12 +765,13 @@ int main(void)
         for (int i = 0; i < 7; i++) {
             if (which == TKVK__DEC_WG) {
                 /* and in its other forms (fewer stages and more CTAs an SM; P.V awaited at
-                 * once; no query staging): 12 and 22 on every shape, the others on every
-                 * other shape */
-                static const int forms[5] = {12, 22, 2, 3, 13};
-                for (int fi = 0; fi < 5; fi++) {
+                 * once; no query staging; the running maximum kept within 8 or 0, so that
+                 * both of its paths run): 12, 32, 34 and 22 on every shape, the others on
+                 * every other shape */
+                static const int forms[7] = {12, 32, 34, 22, 2, 3, 13};
+                for (int fi = 0; fi < 7; fi++) {
                     const int st = forms[fi];
-                    if (fi >= 2 && (i + fi) % 2)
+                    if (fi >= 4 && (i + fi) % 2)
                         continue;
                     tkvk__decode_wg_form(st);
                     int P = pages[(i + st) % 4];
